@@ -1,0 +1,1 @@
+"""reward_svc: see ../shared DESIGN.md and docs/."""

@@ -1,0 +1,1 @@
+"""rollout_svc: see ../shared DESIGN.md and docs/."""

@@ -1,0 +1,56 @@
+"""The ``meshrl`` command.
+
+Parsing happens before any heavy import so ``meshrl --help`` is instant: each subcommand
+lives in its own module and is imported only when it runs. To add one, append a
+``Subcommand`` to ``SUBCOMMANDS`` and give its module ``add_arguments(parser)`` and
+``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+
+from services import __version__
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    name: str
+    module: str  # imported lazily; must define add_arguments(parser) and run(args)
+    help: str
+
+
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand("demo", "services.cli.demo", "build a DataProto, send it through the wire format, print it"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="meshrl",
+        description="meshrl: asynchronous RL post-training of language models as a mesh of services.",
+    )
+    parser.add_argument("--version", action="version", version=f"meshrl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for sc in SUBCOMMANDS:
+        p = sub.add_parser(sc.name, help=sc.help, description=sc.help)
+        p.set_defaults(_module=sc.module)
+        # Argument definitions are cheap modules by convention (no torch at import).
+        importlib.import_module(sc.module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

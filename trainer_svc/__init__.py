@@ -1,0 +1,1 @@
+"""trainer_svc: see ../shared DESIGN.md and docs/."""
