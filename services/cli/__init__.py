@@ -25,6 +25,7 @@ class Subcommand:
 
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand("demo", "services.cli.demo", "build a DataProto, send it through the wire format, print it"),
+    Subcommand("make-dataset", "services.cli.make_dataset", "write a built-in synthetic task (verl parquet format)"),
 ]
 
 
