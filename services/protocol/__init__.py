@@ -1,0 +1,38 @@
+"""meshrl's batch type: ``DataProto`` with verl's API (``from services.protocol import DataProto``).
+
+Modules: ``dataproto`` (the class), ``_ops`` (repeat/iterate/convert/persist mixin),
+``padding`` (pad/unpad/fold), ``utils`` (dict unions), ``serialization`` (tensor <->
+bytes), ``future`` (``DataProtoFuture``), ``distributed`` (``all_gather_data_proto``),
+``config`` (``DataProtoConfig``), ``errors`` (``DataProtoError``).
+"""
+
+from services.protocol.config import PADDING_SIZE_KEY, DataProtoConfig
+from services.protocol.dataproto import DataProto, DataProtoItem
+from services.protocol.errors import DataProtoError
+from services.protocol.padding import fold_batch_dim, pad_dataproto_to_divisor, unfold_batch_dim, unpad_dataproto
+from services.protocol.utils import (
+    list_of_dict_to_dict_of_list,
+    numpy_dict_to_tensor_dict,
+    union_numpy_dict,
+    union_tensor_dict,
+    union_two_dict,
+)
+
+_padding_size_key = PADDING_SIZE_KEY
+
+__all__ = [
+    "DataProto",
+    "DataProtoConfig",
+    "DataProtoError",
+    "DataProtoItem",
+    "PADDING_SIZE_KEY",
+    "fold_batch_dim",
+    "list_of_dict_to_dict_of_list",
+    "numpy_dict_to_tensor_dict",
+    "pad_dataproto_to_divisor",
+    "unfold_batch_dim",
+    "union_numpy_dict",
+    "union_tensor_dict",
+    "union_two_dict",
+    "unpad_dataproto",
+]
