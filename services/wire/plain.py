@@ -1,0 +1,199 @@
+"""Plain-data codec for non-tensor columns and meta_info: msgpack with a few strict ext types.
+
+Accepted values (recursively): ``None``, ``bool``, ``int`` (64-bit range), ``float``,
+``str``, ``bytes``/``bytearray`` (decoded as ``bytes``), ``list``, ``tuple`` (kept a tuple),
+``dict`` (keys of the same plain types; dict subclasses are sent as ``dict``), numpy arrays
+and scalars of plain fixed-size dtypes, numpy object arrays of plain data, and CPU-copyable
+torch tensors of a wire dtype. Anything else raises :class:`TypeError` naming where it was
+found. Decoding never runs code: the ext types below are the only ones recognised and each
+is validated (dtype allowlist, shape product vs byte length).
+
+msgpack ext codes (payload is itself msgpack):
+
+====  ======================  ============================================
+code  value                   payload
+====  ======================  ============================================
+1     numpy array (plain)     ``[dtype_str, shape, raw C-order bytes]``
+2     numpy scalar (plain)    ``[dtype_str, raw bytes]``
+3     numpy object array      ``[shape, flat list of elements (C order)]``
+4     tuple                   ``[elements...]``
+5     torch tensor            ``[dtype_name, shape, raw C-order bytes]``
+====  ======================  ============================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+from services.wire import dtypes
+from services.wire.errors import WireError
+
+EXT_NDARRAY, EXT_NPSCALAR, EXT_OBJARRAY, EXT_TUPLE, EXT_TENSOR = 1, 2, 3, 4, 5
+MAX_NDIM = 64
+_PACK_ERRORS = (TypeError, ValueError, OverflowError)
+
+
+def _packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True, datetime=False)
+
+
+def _default(obj: Any) -> Any:
+    """msgpack hook for every value that is not an exact builtin type."""
+    if isinstance(obj, tuple):
+        return msgpack.ExtType(EXT_TUPLE, _packb(list(obj)))
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            return msgpack.ExtType(EXT_OBJARRAY, _packb([list(obj.shape), obj.reshape(-1).tolist()]))
+        ds = dtypes.numpy_dtype_str(obj.dtype, "numpy array")
+        raw = np.ascontiguousarray(obj).tobytes()
+        return msgpack.ExtType(EXT_NDARRAY, _packb([ds, list(obj.shape), raw]))
+    if isinstance(obj, np.generic):
+        ds = dtypes.numpy_dtype_str(obj.dtype, "numpy scalar")
+        return msgpack.ExtType(EXT_NPSCALAR, _packb([ds, obj.tobytes()]))
+    if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided:
+            raise TypeError(f"tensor layout {obj.layout} is not supported")
+        dtypes.wire_dtype(obj.dtype, "tensor")
+        t = obj.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        name = str(t.dtype).removeprefix("torch.")
+        return msgpack.ExtType(EXT_TENSOR, _packb([name, list(t.shape), raw]))
+    if isinstance(obj, dict):
+        return dict(obj)
+    if isinstance(obj, list):
+        return list(obj)
+    if isinstance(obj, bytearray):
+        return bytes(obj)
+    raise TypeError(f"type {type(obj).__module__}.{type(obj).__qualname__} is not plain data")
+
+
+def pack(obj: Any, where: str) -> bytes:
+    """msgpack-encode plain data. TypeError naming ``where`` and the offending path/type."""
+    try:
+        return _packb(obj)
+    except _PACK_ERRORS as e:
+        path, problem = _locate(obj, where, 0)
+        raise TypeError(f"{path}: {problem or e} (only plain data is sent; never pickle)") from e
+
+
+def _locate(obj: Any, path: str, depth: int) -> tuple[str, str | None]:
+    """Find the first value under ``obj`` that cannot be packed: (path, problem)."""
+    if depth > 200:
+        return path, "nested too deeply (or contains itself)"
+    t = type(obj)
+    if obj is None or t in (bool, float, bytes, bytearray):
+        return path, None
+    if t is int:
+        ok = -(1 << 63) <= obj < (1 << 64)
+        return path, None if ok else f"int {obj} is out of the 64-bit range"
+    if t is str:
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return path, f"str is not valid UTF-8 ({e.reason})"
+        return path, None
+    if isinstance(obj, (list, tuple)) or (isinstance(obj, np.ndarray) and obj.dtype == object):
+        items = obj.reshape(-1).tolist() if isinstance(obj, np.ndarray) else obj
+        for i, v in enumerate(items):
+            p, prob = _locate(v, f"{path}[{i}]", depth + 1)
+            if prob:
+                return p, prob
+        return path, None
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            p, prob = _locate(k, f"{path} key {k!r}", depth + 1)
+            if prob:
+                return p, prob
+            p, prob = _locate(v, f"{path}[{k!r}]", depth + 1)
+            if prob:
+                return p, prob
+        return path, None
+    try:
+        _default(obj)
+    except _PACK_ERRORS as e:
+        return path, str(e)
+    return path, None
+
+
+def unpack(buf: Any, where: str) -> Any:
+    """Decode msgpack produced by :func:`pack`. WireError naming ``where`` on any problem.
+
+    Container/string lengths are bounded by the buffer size (msgpack's defaults for
+    ``unpackb``), so a small buffer can never claim a huge allocation.
+    """
+    try:
+        return msgpack.unpackb(buf, ext_hook=_ext_hook, strict_map_key=False, raw=False, use_list=True)
+    except WireError as e:
+        raise WireError(f"{where}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - any malformed input becomes the documented error
+        raise WireError(f"{where}: malformed msgpack ({type(e).__name__}: {e})") from None
+
+
+def _shape(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > MAX_NDIM:
+        raise WireError(f"{what}: shape must be a list of at most {MAX_NDIM} ints")
+    if not all(type(d) is int and d >= 0 for d in value):
+        raise WireError(f"{what}: shape {value!r} has a negative or non-int dimension")
+    return tuple(value)
+
+
+def _fields(data: bytes, n: int, what: str) -> list[Any]:
+    value = unpack(data, what)
+    if not isinstance(value, list) or len(value) != n:
+        raise WireError(f"{what}: payload must be a {n}-element array")
+    return value
+
+
+def _raw_view(raw: Any, count: int, itemsize: int, what: str) -> None:
+    if not isinstance(raw, bytes) or count * itemsize != len(raw):
+        raise WireError(f"{what}: {count} elements of {itemsize} bytes do not match {len(raw)} data bytes")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_TUPLE:
+        value = unpack(data, "tuple")
+        if not isinstance(value, list):
+            raise WireError("tuple: payload is not an array")
+        return tuple(value)
+    if code == EXT_NDARRAY:
+        ds, shape, raw = _fields(data, 3, "numpy array")
+        dt = dtypes.numpy_dtype(ds, "numpy array")
+        shape = _shape(shape, "numpy array")
+        count = math.prod(shape)
+        _raw_view(raw, count, dt.itemsize, "numpy array")
+        return np.frombuffer(raw, dtype=dt, count=count).reshape(shape).copy()
+    if code == EXT_NPSCALAR:
+        ds, raw = _fields(data, 2, "numpy scalar")
+        dt = dtypes.numpy_dtype(ds, "numpy scalar")
+        _raw_view(raw, 1, dt.itemsize, "numpy scalar")
+        return np.frombuffer(raw, dtype=dt, count=1)[0].copy()
+    if code == EXT_OBJARRAY:
+        shape, items = _fields(data, 2, "numpy object array")
+        shape = _shape(shape, "numpy object array")
+        if not isinstance(items, list) or len(items) != math.prod(shape):
+            raise WireError(f"numpy object array: element count does not match shape {shape}")
+        return object_array(items, shape)
+    if code == EXT_TENSOR:
+        name, shape, raw = _fields(data, 3, "tensor")
+        dt = dtypes.TORCH_BY_NAME.get(name) if isinstance(name, str) else None
+        if dt is None:
+            raise WireError(f"tensor: unknown dtype {name!r}")
+        shape = _shape(shape, "tensor")
+        count = math.prod(shape)
+        _raw_view(raw, count, dt.itemsize, "tensor")
+        if count == 0:
+            return torch.empty(shape, dtype=dt)
+        return torch.frombuffer(bytearray(raw), dtype=dt, count=count).reshape(shape)
+    raise WireError(f"unknown msgpack ext type {code}")
+
+
+def object_array(items: list[Any], shape: tuple[int, ...]) -> np.ndarray:
+    """A numpy object array of ``shape`` holding ``items`` (C order) as they are — a list
+    element stays one element, never broadcast into a new dimension."""
+    out = np.fromiter(items, dtype=object, count=len(items))
+    return out.reshape(shape)
