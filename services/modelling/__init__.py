@@ -1,0 +1,1 @@
+"""Model helpers: the locally built tiny test model (``services.modelling.tiny``)."""
