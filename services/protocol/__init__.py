@@ -8,8 +8,16 @@ bytes), ``future`` (``DataProtoFuture``), ``distributed`` (``all_gather_data_pro
 
 from services.protocol.config import PADDING_SIZE_KEY, DataProtoConfig
 from services.protocol.dataproto import DataProto, DataProtoItem
+from services.protocol.distributed import all_gather_data_proto
 from services.protocol.errors import DataProtoError
+from services.protocol.future import DataProtoFuture
 from services.protocol.padding import fold_batch_dim, pad_dataproto_to_divisor, unfold_batch_dim, unpad_dataproto
+from services.protocol.serialization import (
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    serialize_single_tensor,
+    serialize_tensordict,
+)
 from services.protocol.utils import (
     list_of_dict_to_dict_of_list,
     numpy_dict_to_tensor_dict,
@@ -24,12 +32,18 @@ __all__ = [
     "DataProto",
     "DataProtoConfig",
     "DataProtoError",
+    "DataProtoFuture",
     "DataProtoItem",
     "PADDING_SIZE_KEY",
+    "all_gather_data_proto",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
     "fold_batch_dim",
     "list_of_dict_to_dict_of_list",
     "numpy_dict_to_tensor_dict",
     "pad_dataproto_to_divisor",
+    "serialize_single_tensor",
+    "serialize_tensordict",
     "unfold_batch_dim",
     "union_numpy_dict",
     "union_tensor_dict",

@@ -141,7 +141,8 @@ class DataProto(DataProtoOpsMixin):
         Non-tensor values that are not numpy arrays (e.g. lists) become ``dtype=object``
         arrays.  ``auto_padding=True`` records ``meta_info[DataProtoConfig.auto_padding_key]``
         so this batch may be chunked unevenly.  ``num_batch_dims > 1`` is accepted only
-        without non-tensors (and such a DataProto must be unfolded before most operations).
+        without non-tensors; since a DataProto holds exactly one batch dim, construction then
+        fails the consistency check (as in verl).
         """
         require(num_batch_dims > 0, "num_batch_dims must be greater than zero")
         tensors = dict(tensors or {})
@@ -165,10 +166,6 @@ class DataProto(DataProtoOpsMixin):
         batch = TensorDict(source=tensors, batch_size=batch_size) if tensors else None
         if auto_padding:
             meta_info[DataProtoConfig.auto_padding_key] = True
-        if batch is not None and num_batch_dims > 1:
-            obj = cls.__new__(cls)
-            obj.batch, obj.non_tensor_batch, obj.meta_info = batch, non_tensors, meta_info
-            return obj
         return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta_info)
 
     # ------------------------------------------------------------------ size, indexing
