@@ -300,7 +300,13 @@ class DataProto(DataProtoOpsMixin):
         require(self.batch is not None, "cannot rename keys: this DataProto has no batch")
         missing = [k for k in old if k not in self.batch.keys()]
         require(not missing, f"batch keys {missing} not found")
-        self.batch.rename_key_(tuple(old), tuple(new))
+        require(len(set(new)) == len(new), f"new_keys contain duplicates: {new}")
+        remaining = set(self.batch.keys()) - set(old)
+        clash = [k for k in new if k in remaining]
+        require(not clash, f"new keys {clash} already exist in batch")
+        values = [self.batch.pop(k) for k in old]
+        for key, val in zip(new, values):
+            self.batch.set(key, val)
         return self
 
     def union(self, other: "DataProto"):
