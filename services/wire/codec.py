@@ -15,6 +15,7 @@ views. Every header field is validated against the buffer before it is used.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
 import warnings
@@ -37,6 +38,7 @@ MAX_HEADER_BYTES = 64 << 20
 MAX_DIM = 1 << 48  # largest single dimension accepted (a zero-size tensor may be wide)
 _ENC = frame_pb2.ColumnEncoding
 _ZEROS = memoryview(bytes(ALIGN))
+_SMALL_COPY = 1 << 22  # tensors below 4 MiB are copied by one memcpy (no thread-pool wake-up)
 
 Key = tuple[str, ...]
 
@@ -60,6 +62,22 @@ class FrameParts:
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _alloc_uninitialized(n: int) -> bytearray:
+    """A bytearray of ``n`` bytes whose contents are NOT zeroed (CPython's documented
+    ``PyByteArray_FromStringAndSize(NULL, n)``), sparing a memset pass over a large frame.
+    The caller must write every byte. Falls back to ``bytearray(n)`` elsewhere."""
+    try:
+        fn = ctypes.pythonapi.PyByteArray_FromStringAndSize
+    except AttributeError:  # not CPython
+        return bytearray(n)
+    fn.restype = ctypes.py_object
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+    out = fn(None, n)
+    if not isinstance(out, bytearray) or len(out) != n:
+        return bytearray(n)
+    return out
 
 
 def _key_name(key: Key) -> str:
@@ -147,21 +165,36 @@ class _Plan:
 
 
 def encode_frame(parts: FrameParts) -> bytearray:
-    """One frame in one preallocated bytearray; each tensor's bytes are copied exactly once."""
+    """One frame in one preallocated bytearray; each tensor's bytes are copied exactly once.
+
+    The buffer is allocated without zero-fill; the header, every blob and every padding gap
+    are written explicitly, so no byte of the frame is left uninitialized.
+    """
     plan = _Plan(parts)
-    out = bytearray(plan.total)
+    out = _alloc_uninitialized(plan.total)
     out[: plan.data_start] = plan.head
     base = plan.data_start
-    if any(t.numel() for _, t in plan.tensors):
-        dst = torch.frombuffer(out, dtype=torch.uint8)
-        for off, t in plan.tensors:
-            n = t.numel() * t.element_size()
-            if n:
-                dst[base + off : base + off + n].copy_(_bytes_of_tensor(t))
-        del dst  # release the buffer export so the bytearray stays resizable
     view = memoryview(out)
-    for off, src in plan.blobs:
-        view[base + off : base + off + src.nbytes] = src
+    dst: torch.Tensor | None = None
+    items: list[tuple[int, Any]] = [(off, t) for off, t in plan.tensors]
+    items += plan.blobs
+    items.sort(key=lambda item: item[0])
+    pos = 0
+    for off, src in items:
+        view[base + pos : base + off] = _ZEROS[: off - pos]
+        if isinstance(src, torch.Tensor):
+            n = src.numel() * src.element_size()
+            if n >= _SMALL_COPY:
+                if dst is None:
+                    dst = torch.frombuffer(out, dtype=torch.uint8)
+                dst[base + off : base + off + n].copy_(_bytes_of_tensor(src))
+            elif n:
+                view[base + off : base + off + n] = memoryview(_bytes_of_tensor(src).numpy())
+        else:
+            n = src.nbytes
+            view[base + off : base + off + n] = src
+        pos = max(pos, off + n)
+    del dst  # release the buffer export so the bytearray stays resizable
     view.release()
     return out
 
