@@ -1,0 +1,227 @@
+"""meshrl's RL algorithms, with the names, keyword arguments, defaults and return values of
+verl's ``verl.trainer.ppo.core_algos`` so that verl users' estimators and losses plug in
+unchanged (``from trainer_svc.core_algos import register_adv_est, agg_loss, ...``).
+
+What is here (details and worked examples in docs/algorithms.md):
+
+- advantage estimators, registered by name (``ADV_ESTIMATOR_REGISTRY``,
+  ``register_adv_est``, ``get_adv_estimator_fn``, ``AdvantageEstimator``): ``gae``,
+  ``grpo`` (``norm_adv_by_std_in_grpo``; Dr.GRPO is its ``False`` setting together with
+  ``loss_agg_mode="seq-mean-token-sum-norm"``), ``grpo_vectorized``, ``grpo_passk``,
+  ``rloo``, ``rloo_vectorized``, ``reinforce_plus_plus``,
+  ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``;
+- ``kl_penalty`` (``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``, the
+  straight-through ``+`` variants; ``full`` raises ``NotImplementedError`` as in verl);
+- ``agg_loss`` (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
+  ``seq-mean-token-sum-norm``, with verl's global-batch arguments);
+- policy losses by name (``POLICY_LOSS_REGISTRY``, ``register_policy_loss``,
+  ``get_policy_loss_fn``): ``vanilla`` (clip, asymmetric clip, dual clip), ``gspo``,
+  ``gpg``; the deprecated 4-tuple ``compute_policy_loss``; ``compute_value_loss``,
+  ``compute_entropy_loss``;
+- KL in reward: ``compute_rewards``, ``FixedKLController``, ``AdaptiveKLController``,
+  ``get_kl_controller``, ``apply_kl_penalty``;
+- off-policy correction from ``rollout_log_probs`` (``compute_off_policy_weights``:
+  ``none`` / ``tis`` / ``decoupled``; ``compute_rollout_correction_weights``), fed to any
+  policy loss as ``rollout_is_weights``;
+- ``compute_advantage``: the dispatcher over a DataProto, as verl's trainer calls the
+  estimators.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from trainer_svc.algos.advantage import (
+    compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+    expand_remax_baselines,
+)
+from trainer_svc.algos.functional import (
+    AGG_LOSS_MODES,
+    KL_PENALTY_TYPES,
+    UnknownKLPenaltyError,
+    agg_loss,
+    clip_by_value,
+    entropy_from_logits,
+    kl_penalty,
+    kl_penalty_forward,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from trainer_svc.algos.kl_control import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_rewards,
+    get_kl_controller,
+)
+from trainer_svc.algos.off_policy import (
+    OFF_POLICY_MODES,
+    compute_off_policy_weights,
+    compute_rollout_correction_weights,
+)
+from trainer_svc.algos.policy_loss import (
+    compute_entropy_loss,
+    compute_policy_loss,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_vanilla,
+    compute_value_loss,
+    global_batch_kwargs,
+)
+from trainer_svc.algos.registry import (
+    ADV_ESTIMATOR_REGISTRY,
+    POLICY_LOSS_REGISTRY,
+    AdvantageEstimator,
+    PolicyLossFn,
+    cfg_get,
+    get_adv_estimator_fn,
+    get_policy_loss_fn,
+    register_adv_est,
+    register_policy_loss,
+)
+
+__all__ = [
+    "ADV_ESTIMATOR_REGISTRY",
+    "AGG_LOSS_MODES",
+    "KL_PENALTY_TYPES",
+    "OFF_POLICY_MODES",
+    "POLICY_LOSS_REGISTRY",
+    "AdaptiveKLController",
+    "AdvantageEstimator",
+    "FixedKLController",
+    "PolicyLossFn",
+    "UnknownKLPenaltyError",
+    "agg_loss",
+    "apply_kl_penalty",
+    "cfg_get",
+    "clip_by_value",
+    "compute_advantage",
+    "compute_entropy_loss",
+    "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
+    "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
+    "compute_off_policy_weights",
+    "compute_opo_outcome_advantage",
+    "compute_policy_loss",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_vanilla",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_response_mask",
+    "compute_rewards",
+    "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
+    "compute_rollout_correction_weights",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "expand_remax_baselines",
+    "get_adv_estimator_fn",
+    "get_kl_controller",
+    "get_policy_loss_fn",
+    "global_batch_kwargs",
+    "kl_penalty",
+    "kl_penalty_forward",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "register_adv_est",
+    "register_policy_loss",
+]
+
+
+def compute_response_mask(data: Any) -> torch.Tensor:
+    """``[B, R]`` mask of the response tokens: the last ``R = responses.shape[1]`` columns
+    of ``attention_mask`` (verl's ``compute_response_mask``)."""
+    response_length = data.batch["responses"].size(1)
+    return data.batch["attention_mask"][:, -response_length:]
+
+
+def compute_advantage(
+    data: Any,
+    adv_estimator: str | AdvantageEstimator,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    num_repeat: int = 1,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Optional[Any] = None,
+    multi_turn: bool = False,
+) -> Any:
+    """Fill ``data.batch["advantages"]`` and ``["returns"]`` (``[B, T]``) with the named
+    estimator, calling it the way verl's trainer does so registered custom estimators
+    receive the same arguments.
+
+    Reads ``token_level_rewards`` and ``response_mask`` (computed from ``attention_mask``
+    if absent); ``values`` for ``gae``; ``non_tensor_batch["uid"]`` as the group ``index``;
+    ``reward_baselines`` when present (ReMax). ``gae`` gets ``gamma``/``lam``; ``grpo`` gets
+    ``norm_adv_by_std_in_grpo`` (and, with ``multi_turn``, ``loss_mask`` as its mask); any
+    other estimator gets ``token_level_rewards``, ``response_mask``, ``config`` and the
+    optional ``index`` / ``reward_baselines``. ``num_repeat`` is accepted for verl
+    compatibility (unused there too).
+
+    Returns:
+        ``data`` (modified in place).
+    """
+    name = adv_estimator.value if isinstance(adv_estimator, AdvantageEstimator) else adv_estimator
+    batch = data.batch
+    if "response_mask" not in batch.keys():
+        batch["response_mask"] = compute_response_mask(data)
+    if name == AdvantageEstimator.GAE.value:
+        if "values" not in batch.keys():
+            raise ValueError("adv_estimator 'gae' needs data.batch['values'] from the critic")
+        advantages, returns = compute_gae_advantage_return(
+            token_level_rewards=batch["token_level_rewards"],
+            values=batch["values"],
+            response_mask=batch["response_mask"],
+            gamma=gamma,
+            lam=lam,
+        )
+    elif name == AdvantageEstimator.GRPO.value:
+        mask = batch["response_mask"]
+        if multi_turn:
+            mask = batch["loss_mask"][:, -mask.shape[1] :]
+        advantages, returns = compute_grpo_outcome_advantage(
+            token_level_rewards=batch["token_level_rewards"],
+            response_mask=mask,
+            index=_uid_index(data, name),
+            norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        )
+    else:
+        fn = get_adv_estimator_fn(name)
+        kwargs: dict[str, Any] = {
+            "token_level_rewards": batch["token_level_rewards"],
+            "response_mask": batch["response_mask"],
+            "config": config,
+        }
+        if "uid" in data.non_tensor_batch:
+            kwargs["index"] = data.non_tensor_batch["uid"]
+        if "reward_baselines" in batch.keys():
+            kwargs["reward_baselines"] = batch["reward_baselines"]
+        advantages, returns = fn(**kwargs)
+    batch["advantages"] = advantages
+    batch["returns"] = returns
+    return data
+
+
+def _uid_index(data: Any, name: str) -> Any:
+    if "uid" not in data.non_tensor_batch:
+        raise ValueError(f"adv_estimator {name!r} groups responses by prompt: data.non_tensor_batch['uid'] is missing")
+    return data.non_tensor_batch["uid"]
