@@ -1,0 +1,247 @@
+"""The vLLM side of a replica: an ``AsyncLLM`` (continuous batching), sampling, weight swaps.
+
+``RolloutEngine`` turns one prompt (token ids) into ``n`` :class:`~rollout_svc.packing.Sample`
+objects, each an independent vLLM request with its own seed (derived from the config's seed
+and the sample id, so results do not depend on what else is batched), and swaps weights in
+place while requests are in flight:
+
+- ``on_weight_update="finish"``: the scheduler is paused with ``mode="keep"`` (requests stay
+  frozen), the weights are reloaded, the prefix cache is reset, the scheduler resumes; the
+  frozen requests continue with the new weights and their samples keep the version they
+  started with (the oldest one used).
+- ``on_weight_update="abort_requeue"``: in-flight requests are aborted, and every group with
+  an aborted sample is regenerated from scratch under the new version.
+
+Weights reach the worker process as a safetensors file on tmpfs, loaded by
+:class:`rollout_svc.worker_ext.MeshWorkerExtension` (see there for why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+import time
+import uuid
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from rollout_svc.packing import Sample
+from rollout_svc.weights import WeightManifest, WeightUpdateError, stage_weights
+from services.config.rollout import RolloutConfig, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "rollout_svc.worker_ext.MeshWorkerExtension"
+
+
+class RolloutEngine:
+    """One vLLM ``AsyncLLM`` plus the bookkeeping a replica needs.
+
+    Args:
+        cfg: the rollout block (``prompt_length`` / ``response_length`` must be resolved).
+        model: model directory or hub id (passed to vLLM as is).
+        dtype: dtype when ``cfg.dtype == "auto"``.
+        initial_version: policy version of the weights loaded at start.
+    """
+
+    def __init__(self, cfg: RolloutConfig, model: str, *, dtype: str = "float32", initial_version: int = 0) -> None:
+        if cfg.prompt_length is None or cfg.response_length is None:
+            raise ValueError("RolloutEngine needs cfg.prompt_length and cfg.response_length resolved")
+        self.cfg = cfg
+        self.model = model
+        self.dtype = dtype if cfg.dtype == "auto" else cfg.dtype
+        self.version = initial_version
+        self.llm = None
+        self.vocab_size = 0
+        self.pad_token_id = 0
+        self.eos_token_ids: list[int] = []
+        self.manifest: WeightManifest | None = None
+        self.last_weight_load_s = 0.0
+        self._update_lock = asyncio.Lock()
+        self._abort_epoch = 0  # bumped by every abort-mode weight update
+        self.in_flight = 0
+        self.tokens_generated = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def engine_args(self):
+        """The ``AsyncEngineArgs`` this replica starts vLLM with."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        c = self.cfg
+        max_len = c.max_model_len or (c.prompt_length + c.response_length)
+        return AsyncEngineArgs(
+            model=self.model,
+            dtype=self.dtype,
+            seed=c.seed or 0,
+            max_model_len=max_len,
+            gpu_memory_utilization=c.gpu_memory_utilization,
+            enforce_eager=c.enforce_eager,
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            tensor_parallel_size=c.tensor_model_parallel_size,
+            enable_prefix_caching=c.enable_prefix_caching,
+            worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+        )
+
+    async def start(self) -> None:
+        """Start vLLM (bounded by ``cfg.engine_startup_timeout_s``) and read token ids."""
+        if self.cfg.kv_cache_space_gib is not None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(max(1, round(self.cfg.kv_cache_space_gib)))))
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        def build():
+            return AsyncLLM.from_engine_args(self.engine_args())
+
+        self.llm = await asyncio.wait_for(asyncio.to_thread(build), timeout=self.cfg.engine_startup_timeout_s)
+        mc = self.llm.model_config
+        self.vocab_size = mc.get_vocab_size()
+        tok = self.llm.get_tokenizer()
+        hf_eos = getattr(mc.hf_config, "eos_token_id", None)
+        eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+        if isinstance(hf_eos, int):
+            eos.add(hf_eos)
+        elif isinstance(hf_eos, list):
+            eos.update(int(e) for e in hf_eos)
+        self.eos_token_ids = sorted(eos)
+        self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_token_ids[0]
+        self.manifest = WeightManifest.from_model(self.model, tied=bool(getattr(mc.hf_config, "tie_word_embeddings", False)))
+
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+
+    # -- generation --------------------------------------------------------------------------
+
+    def check_prompt(self, prompt_ids) -> str:
+        """Return why ``prompt_ids`` cannot be generated from ("" when it can)."""
+        if prompt_ids is None or not hasattr(prompt_ids, "__len__"):
+            return f"prompt is not a list of token ids (got {type(prompt_ids).__name__})"
+        if len(prompt_ids) == 0:
+            return "empty prompt"
+        if len(prompt_ids) > self.cfg.prompt_length:
+            return f"prompt of {len(prompt_ids)} tokens exceeds prompt_length {self.cfg.prompt_length}"
+        for t in prompt_ids:
+            if isinstance(t, bool) or not isinstance(t, (int,)) and not (hasattr(t, "dtype") and "int" in str(t.dtype)):
+                return f"prompt contains a non-integer token {t!r}"
+            if not 0 <= int(t) < self.vocab_size:
+                return f"prompt token id {int(t)} is outside the vocabulary [0, {self.vocab_size})"
+        return ""
+
+    def sampling_params(self, sampling: SamplingConfig, seed: int | None):
+        """vLLM ``SamplingParams`` for one sample (n=1; groups are n separate requests)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        c = self.cfg
+        greedy = (not sampling.do_sample) or sampling.temperature == 0.0
+        return SamplingParams(
+            n=1,
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k,
+            seed=None if greedy else seed,
+            max_tokens=c.response_length,
+            stop=list(c.stop) or None,
+            stop_token_ids=list(c.stop_token_ids) or None,
+            ignore_eos=c.ignore_eos,
+            logprobs=0 if c.calculate_log_probs else None,
+            detokenize=bool(c.stop),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    def sample_seed(self, sample_id: str) -> int | None:
+        """Per-sample seed: config seed mixed with a hash of the sample id (None if unseeded)."""
+        if self.cfg.seed is None:
+            return None
+        return (self.cfg.seed * 1_000_003 + zlib.crc32(sample_id.encode())) % (2**31 - 1)
+
+    async def generate_one(self, prompt_ids: list[int], sampling: SamplingConfig, sample_id: str) -> Sample:
+        """Generate one sample; failures become ``Sample.error`` (never raised)."""
+        err = self.check_prompt(prompt_ids)
+        if err:
+            return Sample(prompt_ids=[], policy_version=self.version, finish_reason="error", error=err)
+        ids = [int(t) for t in prompt_ids]
+        params = self.sampling_params(sampling, self.sample_seed(sample_id))
+        version = self.version
+        self.in_flight += 1
+        try:
+            final = None
+            async for out in self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"{sample_id}#{uuid.uuid4().hex[:8]}"):
+                final = out
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a request vLLM rejects must not take the replica down
+            return Sample(prompt_ids=[], policy_version=version, finish_reason="error", error=f"vllm: {exc}")
+        finally:
+            self.in_flight -= 1
+        comp = final.outputs[0]
+        toks = list(comp.token_ids)
+        lps: list[float] = []
+        if self.cfg.calculate_log_probs and comp.logprobs is not None:
+            lps = [float(step[t].logprob) for step, t in zip(comp.logprobs, toks)]
+        self.tokens_generated += len(toks)
+        reason = comp.finish_reason or ("abort" if not final.finished else "stop")
+        return Sample(prompt_ids=ids, response_ids=toks, log_probs=lps, policy_version=version, finish_reason=reason)
+
+    async def generate_group(self, prompt_ids: list[int], sampling: SamplingConfig, sample_ids: list[str]) -> list[Sample]:
+        """Generate ``len(sample_ids)`` samples of one prompt concurrently.
+
+        With ``on_weight_update="abort_requeue"`` a group that lost samples to a weight
+        update is regenerated whole (so every sample of a group has one version).
+        """
+        while True:
+            epoch = self._abort_epoch
+            samples = list(await asyncio.gather(*(self.generate_one(prompt_ids, sampling, s) for s in sample_ids)))
+            aborted = any(s.finish_reason == "abort" for s in samples)
+            if not aborted or self.llm is None or self._abort_epoch == epoch:
+                return samples
+            log.info("group %s aborted by a weight update; regenerating", sample_ids[0])
+
+    # -- weights -----------------------------------------------------------------------------
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
+        """Load a full set of checkpoint-format tensors as ``version``; returns seconds spent.
+
+        The tensors are validated against the model's names and shapes first; on any error
+        (:class:`WeightUpdateError`) the engine keeps serving the old weights and version.
+        """
+        if version <= self.version:
+            raise WeightUpdateError(f"version {version} is not newer than the served version {self.version}")
+        t0 = time.perf_counter()
+        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        fd, path = tempfile.mkstemp(prefix=f"meshrl-weights-v{version}-", suffix=".safetensors", dir=shm)
+        os.close(fd)
+        try:
+            await asyncio.to_thread(stage_weights, named_tensors, path, self.manifest, self.dtype)
+            async with self._update_lock:
+                mode = "keep" if self.cfg.on_weight_update == "finish" else "abort"
+                if mode == "abort":
+                    self._abort_epoch += 1
+                await self.llm.pause_generation(mode=mode, clear_cache=(mode == "abort"))
+                try:
+                    await self.llm.collective_rpc(
+                        "meshrl_load_safetensors", timeout=self.cfg.weight_update_timeout_s, args=(path,)
+                    )
+                    self.version = version
+                finally:
+                    if mode == "keep":
+                        await self.llm.reset_prefix_cache()
+                    await self.llm.resume_generation()
+        finally:
+            Path(path).unlink(missing_ok=True)
+        self.last_weight_load_s = time.perf_counter() - t0
+        return self.last_weight_load_s
+
+    async def param_checksum(self, name: str) -> float:
+        """Sum of one parameter inside vLLM (diagnostics/tests)."""
+        res = await self.llm.collective_rpc("meshrl_param_checksum", args=(name,))
+        return float(res[0])
