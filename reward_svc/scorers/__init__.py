@@ -8,8 +8,8 @@ meshrl's synthetic tasks):
 | --- | --- |
 | ``openai/gsm8k``, ``gsm8k``, ``meshrl/gsm8k`` | :mod:`.gsm8k` (``#### N``, strict by default) |
 | ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500``, ``math``, ``meshrl/math`` | :mod:`.math_boxed` |
-| ``countdown``, ``meshrl/countdown`` | :mod:`.countdown` |
-| ``arith``, ``meshrl/arith`` | :mod:`.arith` |
+| ``countdown`` (TinyZero: every number exactly once), ``meshrl/countdown`` (at most once) | :mod:`.countdown` |
+| ``arith``, ``meshrl/arith`` | :mod:`.arith` (``#### N`` else the last integer) |
 
 Unknown data sources raise ``NotImplementedError`` (as verl does); the reward manager
 records that as the sample's error.
@@ -18,6 +18,7 @@ records that as the sample's error.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from reward_svc.scorers import arith, countdown, gsm8k, math_boxed
@@ -32,7 +33,7 @@ BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
     "HuggingFaceH4/MATH-500": math_boxed.compute_score,
     "math": math_boxed.compute_score,
     "meshrl/math": math_boxed.compute_score,
-    "countdown": countdown.compute_score,
+    "countdown": partial(countdown.compute_score, use_all=True),
     "meshrl/countdown": countdown.compute_score,
     "arith": arith.compute_score,
     "meshrl/arith": arith.compute_score,

@@ -13,7 +13,6 @@ import re
 CLIP_CHARS = 1000
 
 _HASH_RE = re.compile(r"####\s*([^\n]*)")
-_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
 
 def clip_tail(text: str, n: int = CLIP_CHARS) -> str:
@@ -25,18 +24,6 @@ def after_last_hashes(text: str) -> str | None:
     """The rest of the line after the last ``####`` marker, stripped; ``None`` if absent."""
     found = _HASH_RE.findall(text)
     return found[-1].strip() if found else None
-
-
-def first_number(text: str) -> str | None:
-    """The first number-looking token of ``text`` with thousands commas removed, or ``None``."""
-    m = _NUMBER_RE.search(text)
-    return m.group(0).replace(",", "") if m else None
-
-
-def last_number(text: str) -> str | None:
-    """The last number-looking token of ``text`` with thousands commas removed, or ``None``."""
-    found = _NUMBER_RE.findall(text)
-    return found[-1].replace(",", "") if found else None
 
 
 def last_tag(text: str, tag: str) -> str | None:

@@ -4,14 +4,16 @@ Ground truth (``reward_model.ground_truth``, TinyZero layout): a mapping
 ``{"target": int, "numbers": [int, ...]}`` (a JSON string of it is accepted too).
 
 The response gives its expression inside the last ``<answer>...</answer>`` pair, or,
-failing that, after the last ``####`` marker. A trailing ``= <number>`` is ignored, and
+failing that, after the last ``####`` marker, or, failing that, on its last non-empty
+line. A trailing ``= <number>`` is ignored, and
 ``×``/``÷`` are read as ``*``/``/``. The expression is checked by
 :mod:`reward_svc.scorers.safe_arith` (never ``eval``).
 
 Scores: ``score`` (1.0) when the expression is valid, uses each given number at most
-once (``use_all=True``, the default: exactly once, all of them) and equals the target;
-``format_score`` (0.1, as TinyZero) when an expression was found but fails any check;
-0.0 when no expression was found.
+once (with ``use_all=True``: exactly once, all of them -- TinyZero's ``countdown`` rule,
+which the dispatcher applies for ``data_source="countdown"``) and equals the target;
+``format_score`` (0.1) when the expression is well-formed arithmetic but misses the
+target or misuses the numbers; 0.0 when no well-formed expression was found.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ def extract_expression(solution_str: str) -> str | None:
     if expr is None:
         expr = after_last_hashes(text)
     if expr is None:
-        return None
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if not lines:
+            return None
+        expr = lines[-1]
     expr = expr.strip().replace("×", "*").replace("÷", "/").replace("−", "-")
     if "=" in expr:
         expr = expr.split("=", 1)[0]
@@ -63,7 +68,7 @@ def compute_score(
     ground_truth: object,
     format_score: float = 0.1,
     score: float = 1.0,
-    use_all: bool = True,
+    use_all: bool = False,
 ) -> float:
     """``score`` if the expression reaches the target with the given numbers, else see module doc."""
     target, numbers = parse_ground_truth(ground_truth)
@@ -73,7 +78,7 @@ def compute_score(
     try:
         result = evaluate(expr)
     except ArithError:
-        return float(format_score)
+        return 0.0
     if not check_numbers(result.numbers, numbers, use_all=use_all):
         return float(format_score)
     return float(score) if result.value == target else float(format_score)

@@ -98,6 +98,9 @@ class RewardConfig(StrictModel):
     input_stream: str = Field("rollouts", min_length=1, max_length=256, description="Stream of generated groups.")
     output_stream: str = Field("experience", min_length=1, max_length=256, description="Stream of scored groups.")
     consumer_group: str = Field("reward", min_length=1, max_length=256, description="Consumer group on input_stream.")
+    output_group: str = Field(
+        "trainer", min_length=1, max_length=256, description="Consumer group that reads output_stream (the trainer's)."
+    )
     get_batch: int = Field(8, ge=1, le=4096, description="Groups leased per get().")
     get_timeout_s: float = Field(1.0, gt=0, le=600, description="How long one get() waits for input.")
     host: str = Field("127.0.0.1", max_length=255, description="Address the gRPC and metrics servers bind.")

@@ -1,0 +1,227 @@
+"""The reward service: ``rollouts`` → decode + score → ``experience``, plus gRPC ``Score``.
+
+    server = RewardServer(cfg, decoder, queue_cfg=queues, consumer="reward-0")
+    await server.start()          # sandbox pool, gRPC, /health /ready /metrics, queues
+    await server.run(stop_event)  # lease, score, put, ack -- until stop_event is set
+    await server.stop()
+
+Delivery: a leased group is acked only after its scored copy was put into ``experience``
+(at-least-once; the trainer dedupes on ``sample_id``). A group that cannot be scored at
+all (missing columns, undecodable ids) is logged, counted in
+``meshrl_reward_malformed_total{path="queue"}``, recorded as ``dropped`` and acked so it
+cannot block the stream; the other groups of the same lease are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import grpc
+
+from reward_svc.decode import Decoder
+from reward_svc.manager import MalformedBatchError, RewardManager, ScoreReport
+from reward_svc.metrics import RewardMetrics
+from reward_svc.sandbox.pool import SandboxPool, SandboxSpec
+from services.config.reward import RewardConfig
+from services.metrics import MetricsServer
+
+log = logging.getLogger("meshrl.reward")
+
+
+def sandbox_spec(cfg: RewardConfig) -> SandboxSpec:
+    """The sandbox settings of a :class:`RewardConfig`."""
+    fn = cfg.custom_reward_function
+    return SandboxSpec(
+        path=fn.path,
+        name=fn.name,
+        kwargs=dict(fn.reward_kwargs),
+        num_workers=cfg.num_workers,
+        call_timeout_s=cfg.call_timeout_s,
+        batch_timeout_s=cfg.batch_timeout_s,
+        memory_limit_mb=cfg.memory_limit_mb,
+        allow_network=cfg.allow_network,
+        max_result_bytes=cfg.max_result_bytes,
+        max_extra_columns=cfg.max_extra_columns,
+        start_timeout_s=cfg.worker_start_timeout_s,
+    )
+
+
+class RewardServer:
+    """One reward service instance (see module doc)."""
+
+    def __init__(self, cfg: RewardConfig, decoder: Decoder, *, queue_cfg: Any = None, consumer: str = "reward-0") -> None:
+        self.cfg = cfg
+        self.queue_cfg = queue_cfg
+        self.consumer = consumer
+        self.metrics = RewardMetrics()
+        needs_pool = cfg.custom_reward_function.path is not None or cfg.isolate_builtin
+        self.pool = SandboxPool(sandbox_spec(cfg)) if needs_pool else None
+        self.manager = RewardManager(cfg, decoder, self.pool)
+        self.http: MetricsServer | None = None
+        self.grpc_server: grpc.aio.Server | None = None
+        self.grpc_port: int | None = None
+        self._inq = self._outq = None
+        self._ready = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> "RewardServer":
+        """Start the pool, the probes, gRPC and the queues; raise if any cannot start."""
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.start)
+        self.http = MetricsServer(
+            self.metrics.registry, host=self.cfg.host, port=self.cfg.metrics_port, ready=lambda: self._ready, status=self.status
+        ).start()
+        if self.cfg.grpc_port is not None:
+            await self._start_grpc()
+        if self.queue_cfg is not None:
+            from services.queues import make_queue
+
+            self._inq = make_queue(
+                self.queue_cfg, stream=self.cfg.input_stream, group=self.cfg.consumer_group, consumer=self.consumer
+            )
+            self._outq = make_queue(self.queue_cfg, stream=self.cfg.output_stream, group=self.cfg.output_group, consumer=self.consumer)
+            await self._inq.depth()  # fail fast if the backend is unreachable
+        self._ready = True
+        return self
+
+    async def stop(self) -> None:
+        """Stop serving and release everything this instance started."""
+        self._ready = False
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace=1.0)
+        for q in (self._inq, self._outq):
+            if q is not None:
+                await q.close()
+        if self.http is not None:
+            self.http.stop()
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
+
+    def status(self) -> dict[str, Any]:
+        """The /status JSON: mean score per data source, sandbox state."""
+        return {
+            "ready": self._ready,
+            "mean_score": self.metrics.mean_scores(),
+            "sandbox_network": self.pool.network if self.pool else None,
+            "worker_restarts": self.pool.restarts if self.pool else 0,
+            "grpc_port": self.grpc_port,
+        }
+
+    # -- scoring ---------------------------------------------------------------------------
+
+    def _score_many(self, datas: list[Any], path: str) -> list[Any]:
+        """Score groups; each entry is ``(data, report)`` or an exception. Records metrics."""
+        t0 = time.perf_counter()
+        try:
+            outs = self.manager.score_many(datas)
+        except Exception:  # noqa: BLE001 - isolate the group that broke the batch
+            outs = []
+            for d in datas:
+                try:
+                    outs.append(self.manager.score_many([d])[0])
+                except Exception as exc:  # noqa: BLE001
+                    outs.append(MalformedBatchError(f"cannot score group: {type(exc).__name__}: {exc}"))
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        for out in outs:
+            if isinstance(out, Exception):
+                self.metrics.malformed.labels(path).inc()
+            else:
+                rep: ScoreReport = out[1]
+                self.metrics.groups.labels(path).inc()
+                self.metrics.observe(rep.data_sources, rep.scores, rep.error_kinds)
+        if self.pool is not None:
+            self.metrics.restarts.set(self.pool.restarts)
+        return outs
+
+    async def step(self) -> int:
+        """Lease one batch of groups, score, put, ack. Returns how many groups were leased."""
+        items = await self._inq.get(self.cfg.get_batch, self.cfg.get_timeout_s)
+        if not items:
+            return 0
+        outs = await asyncio.to_thread(self._score_many, [it.data for it in items], "queue")
+        good = [(it, out[0]) for it, out in zip(items, outs, strict=True) if not isinstance(out, Exception)]
+        bad = [(it, out) for it, out in zip(items, outs, strict=True) if isinstance(out, Exception)]
+        for it, exc in bad:
+            log.error("reward: dropping group %s (samples %s): %s", it.id, list(it.sample_ids)[:4], exc)
+        if good:
+            try:
+                await self._outq.put([d for _, d in good], stage="scored")
+            except Exception as exc:  # noqa: BLE001 - not acked: the groups are redelivered later
+                self.metrics.put_failures.inc()
+                log.error("reward: put to %s failed, %d groups left unacked: %s", self.cfg.output_stream, len(good), exc)
+                good = []
+            if good:
+                await self._inq.ack([it for it, _ in good])
+        if bad:
+            await self._inq.ack([it for it, _ in bad], stage="dropped")
+        return len(items)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume ``input_stream`` until ``stop`` is set (no-op without a queue config)."""
+        if self._inq is None:
+            await stop.wait()
+            return
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception as exc:  # noqa: BLE001 - a backend outage must not kill the service
+                log.error("reward: queue step failed: %s", exc)
+                await asyncio.sleep(min(1.0, self.cfg.get_timeout_s))
+
+    # -- gRPC --------------------------------------------------------------------------------
+
+    async def _start_grpc(self) -> None:
+        from services.pb import reward_pb2_grpc
+
+        opts = [
+            ("grpc.max_receive_message_length", self.cfg.grpc_max_message_bytes),
+            ("grpc.max_send_message_length", self.cfg.grpc_max_message_bytes),
+        ]
+        self.grpc_server = grpc.aio.server(options=opts)
+        reward_pb2_grpc.add_RewardServiceServicer_to_server(_Servicer(self), self.grpc_server)
+        port = self.grpc_server.add_insecure_port(f"{self.cfg.host}:{self.cfg.grpc_port}")
+        if port == 0:
+            raise RuntimeError(f"cannot bind the RewardService gRPC port {self.cfg.host}:{self.cfg.grpc_port}")
+        self.grpc_port = port
+        await self.grpc_server.start()
+
+    def score_frame(self, frame: bytes) -> tuple[bytes, ScoreReport]:
+        """Decode a wire frame, score it, encode the result. Raises ValueError on bad input."""
+        from services import wire
+
+        try:
+            data = wire.decode(bytearray(frame), max_frame_bytes=self.cfg.grpc_max_message_bytes)
+        except wire.WireError as exc:
+            self.metrics.malformed.labels("grpc").inc()
+            raise ValueError(f"malformed frame: {exc}") from None
+        out = self._score_many([data], "grpc")[0]
+        if isinstance(out, Exception):
+            raise ValueError(str(out))
+        scored, report = out
+        return bytes(wire.encode(scored)), report
+
+
+class _Servicer:
+    """gRPC glue for :meth:`RewardServer.score_frame`."""
+
+    def __init__(self, server: RewardServer) -> None:
+        self.server = server
+
+    async def Score(self, request, context):  # noqa: N802 (gRPC method name)
+        from services.pb import reward_pb2
+
+        try:
+            frame, rep = await asyncio.to_thread(self.server.score_frame, request.frame)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)[:4000])
+        n = len(rep.scores)
+        return reward_pb2.RewardScoreResponse(
+            frame=frame,
+            num_samples=n,
+            num_errors=sum(1 for k in rep.error_kinds if k is not None),
+            mean_score=(sum(rep.scores) / n) if n else 0.0,
+        )
