@@ -419,8 +419,7 @@ class Queue(ABC):
     def _decode(self, r: RawLeased) -> Leased:
         from services import wire
 
-        buf = r.payload if not isinstance(r.payload, bytes) else bytearray(r.payload)
-        data = wire.decode(buf, max_frame_bytes=self.cfg.max_frame_bytes)
+        data = wire.decode(r.payload, max_frame_bytes=self.cfg.max_frame_bytes)  # copies read-only bytes once
         col = data.non_tensor_batch.get("sample_id") if data.non_tensor_batch is not None else None
         if col is None or list(col.tolist()) != list(r.sample_ids):
             raise MalformedEntryError("the frame's sample_id column does not match the entry's sample ids")

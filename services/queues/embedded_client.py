@@ -1,0 +1,167 @@
+"""Embedded backend of :class:`services.queues.base.Queue`: a client of the gRPC QueueService.
+
+Frames travel in ``chunk_bytes`` pieces. Connection errors (the broker restarting) are
+retried with backoff by the base class; a Put retried after a lost reply is harmless
+(the broker drops a sequence number it already has), and entries leased by a Get whose
+reply was lost are recovered by re-reading this consumer's own leases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from services.config.queues import EmbeddedQueueConfig
+from services.pb import queue_pb2, queue_pb2_grpc
+from services.queues.base import PutOutcome, Queue, RawItem, RawLeased
+from services.queues.broker_server import INLINE_MAX, grpc_options
+from services.queues.stats import QueueMetrics
+
+_TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+              grpc.StatusCode.ABORTED}
+_PUT_WAIT_S = 0.5  # the broker waits this long for room before answering "full" (the base retries)
+
+
+class BrokerUnreachable(ConnectionError):
+    """A call to the broker failed in a way worth retrying (it may be restarting)."""
+
+
+class EmbeddedQueue(Queue):
+    """A stream on the embedded broker at ``cfg.address``."""
+
+    transient_errors = (BrokerUnreachable,)
+
+    def __init__(self, cfg: EmbeddedQueueConfig, *, stream: str, group: str, consumer: str,
+                 metrics: QueueMetrics | None = None) -> None:
+        super().__init__(cfg, stream=stream, group=group, consumer=consumer, metrics=metrics)
+        self.cfg: EmbeddedQueueConfig = cfg
+        self._channel = grpc.aio.insecure_channel(cfg.address, options=grpc_options())
+        self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        self._recover = False
+        self._held: set[str] = set()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def _on_disconnect(self) -> None:
+        self._recover = True
+
+    async def _call(self, coro):  # noqa: ANN001, ANN202 - awaits one RPC, maps its errors
+        try:
+            return await coro
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _TRANSIENT:
+                raise BrokerUnreachable(f"{exc.code().name}: {exc.details()}") from exc
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ValueError(f"queue broker refused the request: {exc.details()}") from exc
+            raise
+
+    # ------------------------------------------------------------------ put
+    async def _put_once(self, items: Sequence[RawItem], seqs: Sequence[int], stage: str | None) -> PutOutcome:
+        cfg = self.cfg
+        cs = cfg.chunk_bytes
+
+        async def messages() -> AsyncIterator[queue_pb2.QueuePutMessage]:
+            yield queue_pb2.QueuePutMessage(batch=queue_pb2.QueuePutBatch(
+                stream=self.stream, producer=self.producer_id, stage=stage or "", max_depth=cfg.max_depth,
+                wait_ms=int(_PUT_WAIT_S * 1000), ledger_max=cfg.ledger_max_entries))
+            for it, seq in zip(items, seqs, strict=True):
+                n = len(it.payload)
+                head = queue_pb2.QueuePutItem(seq=seq, sample_ids=it.sample_ids, frame_bytes=n)
+                if n <= min(cs, INLINE_MAX):
+                    head.inline = bytes(it.payload)
+                    yield queue_pb2.QueuePutMessage(item=head)
+                    continue
+                yield queue_pb2.QueuePutMessage(item=head)
+                view = memoryview(it.payload)
+                for off in range(0, n, cs):
+                    yield queue_pb2.QueuePutMessage(chunk=bytes(view[off : off + cs]))
+
+        reply = await self._call(self._stub.Put(messages(), timeout=cfg.op_timeout_s + _PUT_WAIT_S))
+        return PutOutcome([i or None for i in reply.entry_ids], reply.gaps)
+
+    # ------------------------------------------------------------------ get
+    async def _collect(self, call) -> list[RawLeased]:  # noqa: ANN001 - a server-streaming call
+        out: list[RawLeased] = []
+        cur: RawLeased | None = None
+        buf = bytearray()
+        off = 0
+        try:
+            async for msg in call:
+                if msg.WhichOneof("kind") == "header":
+                    h = msg.header
+                    r = RawLeased(id=h.entry_id, payload=b"", sample_ids=tuple(h.sample_ids), fresh=tuple(h.fresh),
+                                  delivery_count=h.delivery_count, producer=h.producer, seq=h.seq)
+                    out.append(r)
+                    self._held.add(r.id)
+                    if h.frame_bytes > self.cfg.max_frame_bytes:
+                        r.error = f"frame of {h.frame_bytes} bytes exceeds max_frame_bytes"
+                    if len(h.inline) == h.frame_bytes:
+                        r.payload = h.inline
+                    else:
+                        cur, buf, off = r, bytearray(h.frame_bytes), 0
+                        r.payload = buf
+                else:
+                    if cur is None:
+                        raise BrokerUnreachable("broker sent a chunk without a header")
+                    n = len(msg.chunk)
+                    buf[off : off + n] = msg.chunk
+                    off += n
+                    if off >= len(buf):
+                        cur = None
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _TRANSIENT:
+                raise BrokerUnreachable(f"{exc.code().name}: {exc.details()}") from exc
+            raise
+        if cur is not None:
+            raise BrokerUnreachable("the broker's stream ended inside a frame")
+        return out
+
+    async def _read(self, max_items: int, timeout_s: float) -> list[RawLeased]:
+        cfg = self.cfg
+        if self._recover:
+            got = await self._collect(self._stub.Reclaim(queue_pb2.QueueReclaimRequest(
+                stream=self.stream, group=self.group, consumer=self.consumer, min_idle_ms=0, max_items=max_items,
+                dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes, own_only=True,
+                exclude_ids=sorted(self._held)), timeout=cfg.op_timeout_s))
+            self._recover = False
+            if got:
+                return got
+        wait = min(timeout_s, cfg.op_timeout_s / 2)
+        return await self._collect(self._stub.Get(queue_pb2.QueueGetRequest(
+            stream=self.stream, group=self.group, consumer=self.consumer, max_items=max_items,
+            wait_ms=int(wait * 1000), dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes),
+            timeout=wait + cfg.op_timeout_s))
+
+    async def _claim_idle(self, min_idle_s: float, max_items: int) -> list[RawLeased]:
+        cfg = self.cfg
+        return await self._collect(self._stub.Reclaim(queue_pb2.QueueReclaimRequest(
+            stream=self.stream, group=self.group, consumer=self.consumer, min_idle_ms=int(min_idle_s * 1000),
+            max_items=max_items, dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes),
+            timeout=cfg.op_timeout_s))
+
+    # ------------------------------------------------------------------ ack / depth / ledger
+    async def _ack_once(self, items: Sequence[RawLeased], stage: str | None) -> int:
+        sids = [s for r in items for s, f in zip(r.sample_ids, r.fresh, strict=False) if f] if stage else []
+        reply = await self._call(self._stub.Ack(queue_pb2.QueueAckRequest(
+            stream=self.stream, group=self.group, entry_ids=[r.id for r in items], stage=stage or "",
+            sample_ids=sids, ledger_max=self.cfg.ledger_max_entries), timeout=self.cfg.op_timeout_s))
+        for r in items:
+            self._held.discard(r.id)
+        return reply.acked
+
+    async def _depth_once(self) -> int:
+        reply = await self._call(self._stub.Depth(queue_pb2.QueueDepthRequest(stream=self.stream),
+                                                  timeout=self.cfg.op_timeout_s))
+        return int(reply.depth)
+
+    async def _record_once(self, sample_ids: Sequence[str], stage: str) -> None:
+        await self._call(self._stub.RecordStage(queue_pb2.QueueRecordStageRequest(
+            sample_ids=list(sample_ids), stage=stage, ledger_max=self.cfg.ledger_max_entries),
+            timeout=self.cfg.op_timeout_s))
+
+    async def _stages_once(self, sample_ids: Sequence[str]) -> list[str | None]:
+        reply = await self._call(self._stub.GetStages(queue_pb2.QueueGetStagesRequest(sample_ids=list(sample_ids)),
+                                                      timeout=self.cfg.op_timeout_s))
+        return [s or None for s in reply.stages]
