@@ -19,8 +19,8 @@ import re
 
 from reward_svc.scorers._extract import after_last_hashes, clip_tail
 
-_INT_RE = re.compile(r"^\s*([+-]?\d[\d,]*)(?:\.0+)?(?![\d.])")
-_ALL_INTS_RE = re.compile(r"(?<![\d.])(-?\d+(?:,\d{3})*)(?:\.0+)?(?![\d.])")
+_INT_RE = re.compile(r"^\s*([+-]?\d[\d,]*)(?:\.0+)?(?!\d|\.\d)")
+_ALL_INTS_RE = re.compile(r"(?<![\d.])(-?\d+(?:,\d{3})*)(?:\.0+)?(?!\d|\.\d)")
 
 
 def _leading_int(text: str) -> int | None:
