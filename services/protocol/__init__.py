@@ -3,9 +3,11 @@
 Modules: ``dataproto`` (the class), ``_ops`` (repeat/iterate/convert/persist mixin),
 ``padding`` (pad/unpad/fold), ``utils`` (dict unions), ``serialization`` (tensor <->
 bytes), ``future`` (``DataProtoFuture``), ``distributed`` (``all_gather_data_proto``),
-``config`` (``DataProtoConfig``), ``errors`` (``DataProtoError``).
+``config`` (``DataProtoConfig``), ``errors`` (``DataProtoError``), ``columns`` (meshrl's
+``sample_id``/``policy_version`` columns), ``tensordict_utils`` (``get_tensordict``).
 """
 
+from services.protocol.columns import POLICY_VERSION, SAMPLE_ID, UID, check_meshrl_columns, new_sample_ids, set_policy_version
 from services.protocol.config import PADDING_SIZE_KEY, DataProtoConfig
 from services.protocol.dataproto import DataProto, DataProtoItem
 from services.protocol.distributed import all_gather_data_proto
@@ -35,15 +37,21 @@ __all__ = [
     "DataProtoFuture",
     "DataProtoItem",
     "PADDING_SIZE_KEY",
+    "POLICY_VERSION",
+    "SAMPLE_ID",
+    "UID",
     "all_gather_data_proto",
+    "check_meshrl_columns",
     "deserialize_single_tensor",
     "deserialize_tensordict",
     "fold_batch_dim",
     "list_of_dict_to_dict_of_list",
+    "new_sample_ids",
     "numpy_dict_to_tensor_dict",
     "pad_dataproto_to_divisor",
     "serialize_single_tensor",
     "serialize_tensordict",
+    "set_policy_version",
     "unfold_batch_dim",
     "union_numpy_dict",
     "union_tensor_dict",

@@ -50,7 +50,7 @@ from services.protocol.config import DataProtoConfig
 from services.protocol.errors import DataProtoError, require
 from services.protocol.utils import (
     as_object_array,
-    deep_equal,
+    values_equal,
     union_numpy_dict,
     union_tensor_dict,
     union_two_dict,
@@ -315,15 +315,28 @@ class DataProto(DataProtoOpsMixin):
         Raises :class:`DataProtoError` if the lengths differ, or a key present in both (in
         batch, non_tensor_batch or meta_info) holds different values.
         """
-        require(len(self) == len(other) or not (self.batch is not None or self.non_tensor_batch)
-                or not (other.batch is not None or other.non_tensor_batch),
-                f"cannot union DataProtos of lengths {len(self)} and {len(other)}")
+        require(isinstance(other, DataProto), f"can only union with a DataProto, got {type(other)}")
+        has_rows = lambda d: d.batch is not None or bool(d.non_tensor_batch)  # noqa: E731
+        if has_rows(self) and has_rows(other):
+            require(len(self) == len(other), f"cannot union DataProtos of lengths {len(self)} and {len(other)}")
+        # merge into shallow copies first, so a conflict leaves ``self`` untouched
         if self.batch is None:
-            self.batch = other.batch
+            batch = other.batch
         elif other.batch is not None:
-            self.batch = union_tensor_dict(self.batch, other.batch)
-        self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
-        self.meta_info = union_two_dict(self.meta_info, other.meta_info)
+            batch = union_tensor_dict(self.batch.copy(), other.batch)
+        else:
+            batch = self.batch
+        non_tensor = union_numpy_dict(dict(self.non_tensor_batch), other.non_tensor_batch)
+        meta = union_two_dict(dict(self.meta_info), other.meta_info)
+        type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info={})  # validates the merged rows
+        if batch is not None and self.batch is not None and batch is not self.batch:
+            for key in other.batch.keys():
+                if key not in self.batch.keys():
+                    self.batch.set(key, other.batch.get(key))
+        else:
+            self.batch = batch
+        self.non_tensor_batch.update(non_tensor)
+        self.meta_info.update(meta)
         self.check_consistency()
         return self
 
@@ -386,7 +399,7 @@ class DataProto(DataProtoOpsMixin):
                     elif val is not None:
                         metrics.append(val)
                 elif key in meta:
-                    require(meta[key] is val or deep_equal(meta[key], val),
+                    require(values_equal(meta[key], val),
                             f"Conflicting values for meta_info key '{key}': {meta[key]!r} vs {val!r}")
                 else:
                     meta[key] = val

@@ -68,6 +68,21 @@ def deep_equal(a: Any, b: Any, _seen: set[int] | None = None) -> bool:
         seen.discard(id(a))
 
 
+def values_equal(a: Any, b: Any) -> bool:
+    """Equality for meta_info values: identical, ``==`` (so ``1 == 1.0`` as in verl), or
+    :func:`deep_equal` (NaN-aware, arrays and tensors element-wise)."""
+    if a is b:
+        return True
+    if not isinstance(a, (np.ndarray, torch.Tensor)) and not isinstance(b, (np.ndarray, torch.Tensor)):
+        try:
+            result = a == b
+        except Exception:  # noqa: BLE001 - exotic __eq__; fall back to the structural check
+            result = False
+        if isinstance(result, bool) and result:
+            return True
+    return deep_equal(a, b)
+
+
 def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Add ``tensor_dict2``'s arrays to ``tensor_dict1`` (in place) and return it.
 
@@ -90,7 +105,7 @@ def union_two_dict(dict1: dict, dict2: dict) -> dict:
     """Add ``dict2``'s items to ``dict1`` (in place); a shared key must hold equal values."""
     for key, val in dict2.items():
         if key in dict1:
-            require(deep_equal(dict1[key], val) or dict1[key] is val, f"{key} in meta_dict1 and meta_dict2 are not the same object")
+            require(values_equal(dict1[key], val), f"{key} in meta_dict1 and meta_dict2 are not the same object")
         dict1[key] = val
     return dict1
 
@@ -141,4 +156,5 @@ __all__ = [
     "union_numpy_dict",
     "union_tensor_dict",
     "union_two_dict",
+    "values_equal",
 ]

@@ -403,3 +403,28 @@ def test_print_size_and_data_info(capsys):
     info = d.get_data_info()
     assert "a: (4, 256) (torch.float32)" in info and "u: ndarray(4,) (object)" in info
     assert "m: dict[str: list[int]]" in info
+
+
+def test_failed_union_changes_nothing():
+    a = DataProto.from_dict({"obs": torch.arange(3)}, {"u": list("abc")}, {"k": 1})
+    b = DataProto.from_dict({"new": torch.ones(3), "obs": torch.arange(3) + 1}, {"v": list("xyz")}, {"j": 2})
+    with pytest.raises(AssertionError):
+        a.union(b)
+    assert set(a.batch.keys()) == {"obs"} and set(a.non_tensor_batch) == {"u"} and a.meta_info == {"k": 1}
+    c = DataProto.from_dict({"new": torch.ones(3)}, {"v": list("xyz")}, {"k": 2})
+    with pytest.raises(AssertionError):
+        a.union(c)
+    assert set(a.batch.keys()) == {"obs"} and set(a.non_tensor_batch) == {"u"} and a.meta_info == {"k": 1}
+    batch_before = a.batch
+    a.union(DataProto.from_dict({"new": torch.ones(3)}, meta_info={"k": 1.0}))
+    assert a.batch is batch_before and set(batch_before.keys()) == {"obs", "new"}  # merged in place, as verl
+    assert DataProto().union(a) is not None
+
+
+def test_concat_meta_equality_is_value_based():
+    a = DataProto.from_dict({"obs": torch.tensor([1])}, meta_info={"t": 1, "arr": np.array([1.0, np.nan]), "d": {"x": [1]}})
+    b = DataProto.from_dict({"obs": torch.tensor([2])}, meta_info={"t": 1.0, "arr": np.array([1.0, np.nan]), "d": {"x": [1]}})
+    assert DataProto.concat([a, b]).meta_info["t"] == 1
+    c = DataProto.from_dict({"obs": torch.tensor([2])}, meta_info={"arr": np.array([1.0, 2.0])})
+    with pytest.raises(AssertionError, match="Conflicting values for meta_info key 'arr'"):
+        DataProto.concat([a, c])
