@@ -1,0 +1,264 @@
+"""Trainer configuration blocks, with verl's key names.
+
+``ActorConfig`` (verl ``actor_rollout_ref.actor``), ``CriticConfig`` (``critic``),
+``RefConfig`` (``actor_rollout_ref.ref``), ``AlgorithmConfig`` (``algorithm``) and
+``TrainerConfig`` (``trainer``). ``TrainerServiceSpec`` is what ``python -m trainer_svc``
+runs from: either written directly, or cut out of a full job spec by
+:func:`trainer_spec_from_job`.
+
+Batch sizes follow verl: ``ppo_mini_batch_size`` counts *prompts* (it is multiplied by
+``rollout_n`` and divided by the data-parallel world size on each rank);
+``ppo_micro_batch_size_per_gpu`` counts *samples* per forward/backward on one rank.
+Imports only pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from services.config.base import StrictModel
+
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "k1+", "k2+", "k3+", "low_var_kl+"]
+
+
+class OptimConfig(StrictModel):
+    """AdamW with linear warmup then a constant (or cosine) learning rate (verl ``actor.optim``)."""
+
+    lr: float = Field(1e-6, gt=0, le=1.0, description="peak learning rate")
+    lr_warmup_steps: int = Field(
+        -1, ge=-1, le=10_000_000, description="optimizer steps of linear warmup; -1 uses lr_warmup_steps_ratio"
+    )
+    lr_warmup_steps_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="warmup as a fraction of total optimizer steps (when lr_warmup_steps=-1)"
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="cosine schedule floor as a fraction of lr")
+    warmup_style: Literal["constant", "cosine"] = Field(
+        "constant", description="schedule after warmup: constant lr, or cosine decay to min_lr_ratio*lr"
+    )
+    weight_decay: float = Field(0.01, ge=0.0, le=10.0, description="AdamW decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1)")
+    eps: float = Field(1e-8, gt=0, le=1.0, description="AdamW epsilon")
+
+    @model_validator(mode="after")
+    def _betas_ok(self) -> "OptimConfig":
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must each be in [0, 1), got {self.betas}")
+        return self
+
+
+class PolicyLossConfig(StrictModel):
+    """Which registered policy loss to use (verl ``actor.policy_loss``)."""
+
+    loss_mode: str = Field("vanilla", min_length=1, description="name in core_algos' policy-loss registry")
+
+
+class ActorConfig(StrictModel):
+    """The policy being trained (verl ``actor_rollout_ref.actor``)."""
+
+    strategy: Literal["fsdp2"] = Field("fsdp2", description="parallelism: FSDP2 fully_shard per decoder layer")
+    ppo_mini_batch_size: int = Field(
+        256, ge=1, description="prompts per optimizer step (x rollout_n samples, split across DP ranks)"
+    )
+    ppo_micro_batch_size_per_gpu: int = Field(
+        1, ge=1, description="samples per forward/backward on one rank (gradient accumulation below a mini-batch)"
+    )
+    use_dynamic_bsz: bool = Field(
+        False, description="pack micro-batches by token budget (ppo_max_token_len_per_gpu) instead of a fixed count"
+    )
+    ppo_max_token_len_per_gpu: int = Field(
+        16384, ge=1, description="token budget of one micro-batch on one rank when use_dynamic_bsz"
+    )
+    log_prob_micro_batch_size_per_gpu: int = Field(
+        8, ge=1, description="samples per no-grad forward when recomputing log-probs"
+    )
+    log_prob_max_token_len_per_gpu: int = Field(
+        16384, ge=1, description="token budget per no-grad forward when use_dynamic_bsz"
+    )
+    ppo_epochs: int = Field(1, ge=1, le=100, description="passes over each training batch")
+    shuffle: bool = Field(False, description="shuffle samples before splitting into mini-batches")
+    clip_ratio: float = Field(0.2, gt=0, le=10.0, description="PPO clip epsilon (both sides unless overridden)")
+    clip_ratio_low: float | None = Field(None, gt=0, le=10.0, description="lower clip epsilon; None = clip_ratio")
+    clip_ratio_high: float | None = Field(None, gt=0, le=10.0, description="upper clip epsilon; None = clip_ratio")
+    clip_ratio_c: float = Field(3.0, gt=1.0, le=1000.0, description="dual-clip constant c (> 1) for negative advantages")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="how token losses are reduced to one number")
+    policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig, description="policy loss choice")
+    use_kl_loss: bool = Field(False, description="add a KL(actor || ref) term to the loss (GRPO style)")
+    kl_loss_coef: float = Field(0.001, ge=0.0, le=100.0, description="weight of the KL loss term")
+    kl_loss_type: KLType = Field("low_var_kl", description="KL estimator of the KL loss")
+    entropy_coeff: float = Field(0.0, ge=-10.0, le=10.0, description="weight of the entropy bonus (subtracted)")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="max global gradient L2 norm")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and lr schedule")
+    temperature: float = Field(1.0, gt=0, le=100.0, description="sampling temperature logits are divided by")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+class CriticConfig(StrictModel):
+    """The value model, used when ``algorithm.adv_estimator`` is ``gae`` (verl ``critic``)."""
+
+    enable: bool | None = Field(None, description="None = on exactly when adv_estimator needs values (gae)")
+    model_path: str | None = Field(None, description="value model checkpoint; None = the policy's")
+    ppo_mini_batch_size: int = Field(256, ge=1, description="prompts per critic optimizer step")
+    ppo_micro_batch_size_per_gpu: int = Field(1, ge=1, description="samples per forward/backward on one rank")
+    use_dynamic_bsz: bool = Field(False, description="pack micro-batches by token budget")
+    ppo_max_token_len_per_gpu: int = Field(32768, ge=1, description="token budget per micro-batch")
+    forward_micro_batch_size_per_gpu: int = Field(8, ge=1, description="samples per no-grad value forward")
+    ppo_epochs: int = Field(1, ge=1, le=100, description="passes over each batch")
+    cliprange_value: float = Field(0.5, gt=0, le=1000.0, description="value clipping range")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="how token value losses are reduced")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="max global gradient L2 norm")
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5), description="critic optimizer")
+
+
+class RefConfig(StrictModel):
+    """The frozen reference policy (verl ``actor_rollout_ref.ref``)."""
+
+    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1, description="samples per ref forward")
+
+
+class KLCtrlConfig(StrictModel):
+    """KL-in-reward coefficient controller (verl ``algorithm.kl_ctrl``)."""
+
+    type: Literal["fixed", "adaptive"] = Field("fixed", description="fixed coefficient or adaptive (Ziegler et al.)")
+    kl_coef: float = Field(0.001, ge=0.0, le=100.0, description="(initial) KL coefficient")
+    horizon: int = Field(10000, ge=1, description="adaptive controller horizon")
+    target_kl: float = Field(0.1, gt=0, le=100.0, description="adaptive controller target KL")
+
+
+class OffPolicyConfig(StrictModel):
+    """Correction for samples generated by an older policy, using ``rollout_log_probs``.
+
+    ``none``: plain PPO against recomputed old log-probs. ``tis``: multiply the token loss by
+    the truncated importance weight ``min(exp(old - rollout), cap)``. ``decoupled``: decoupled
+    PPO -- the recomputed ``old_log_probs`` are the proximal policy, and the behaviour
+    importance weight ``min(exp(old - rollout), cap)`` scales the clipped objective.
+    """
+
+    mode: Literal["none", "tis", "decoupled"] = Field("none", description="off-policy correction")
+    cap: float = Field(2.0, gt=0, le=1e4, description="upper bound of the importance weight")
+
+
+class AlgorithmConfig(StrictModel):
+    """Advantage estimation and KL-in-reward (verl ``algorithm``)."""
+
+    adv_estimator: str = Field("grpo", min_length=1, description="name in core_algos' advantage registry")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount factor (gae, reinforce++)")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
+    norm_adv_by_std_in_grpo: bool = Field(True, description="divide GRPO advantages by the group std (false = Dr.GRPO)")
+    use_kl_in_reward: bool = Field(False, description="subtract a KL penalty from token rewards")
+    kl_penalty: KLType = Field("kl", description="KL estimator of the in-reward penalty")
+    kl_ctrl: KLCtrlConfig = Field(default_factory=KLCtrlConfig, description="in-reward KL coefficient controller")
+    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig, description="off-policy correction")
+
+
+class TrainerConfig(StrictModel):
+    """The training loop (verl ``trainer``) and meshrl's service settings."""
+
+    total_steps: int = Field(1, ge=1, le=100_000_000, description="optimizer-step rounds (policy versions) to run")
+    save_freq: int = Field(-1, ge=-1, le=100_000_000, description="checkpoint every N steps; -1 = only on SIGTERM/end")
+    default_local_dir: str = Field("checkpoints", min_length=1, description="checkpoint directory")
+    resume: Literal["auto", "disable"] = Field("auto", description="auto: continue from the latest checkpoint if any")
+    max_ckpt_to_keep: int = Field(2, ge=1, le=1000, description="older checkpoints are deleted")
+    seed: int = Field(1, ge=0, description="seed of model init noise, shuffles and dropout")
+    nproc: int = Field(1, ge=1, le=4096, description="data-parallel ranks the service starts")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu uses gloo, cuda uses nccl (same code path)")
+    collective_timeout_s: float = Field(300.0, gt=0, le=86_400, description="deadline of every collective")
+    batch_wait_timeout_s: float = Field(
+        3600.0, gt=0, le=1e7, description="how long intake waits for a full batch before reporting a timeout"
+    )
+    metrics_host: str = Field("127.0.0.1", description="address of /health /ready /metrics")
+    metrics_port: int = Field(0, ge=0, le=65535, description="port of /health /ready /metrics; 0 = any free")
+    torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = cores / nproc")
+    stop_on_nonfinite: int = Field(
+        10, ge=1, le=1_000_000, description="abort after this many consecutive steps skipped for a NaN/inf loss"
+    )
+
+
+class TrainerServiceSpec(StrictModel):
+    """Everything ``python -m trainer_svc`` needs."""
+
+    model_path: str = Field(description="HuggingFace model directory the policy (and reference) load from")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype")
+    train_batch_size: int = Field(ge=1, description="prompts (groups) per training step (verl data.train_batch_size)")
+    rollout_n: int = Field(1, ge=1, le=65536, description="samples per prompt (verl rollout.n)")
+    max_staleness: int = Field(1, ge=0, le=1000, description="drop samples older than current_version - this")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="policy")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="value model")
+    ref: RefConfig = Field(default_factory=RefConfig, description="reference policy")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages and KL")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="loop, checkpoints, ranks")
+    queue: dict[str, Any] | None = Field(
+        None, description="services.config.queues QueueConfig of the experience stream; None = no intake"
+    )
+    weights: dict[str, Any] | None = Field(
+        None, description="services.config.weights publisher settings; None = do not publish"
+    )
+
+    @model_validator(mode="after")
+    def _sizes_ok(self) -> "TrainerServiceSpec":
+        if self.actor.ppo_mini_batch_size > self.train_batch_size:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}) exceeds train_batch_size "
+                f"({self.train_batch_size})"
+            )
+        if self.train_batch_size % self.actor.ppo_mini_batch_size:
+            raise ValueError("train_batch_size must be a multiple of actor.ppo_mini_batch_size")
+        return self
+
+    @property
+    def use_critic(self) -> bool:
+        if self.critic.enable is not None:
+            return self.critic.enable
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def use_ref(self) -> bool:
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+
+def trainer_spec_from_job(job: Any) -> TrainerServiceSpec:
+    """Cut the trainer's view out of a full job spec (``services.config.spec.JobSpec``).
+
+    Reads ``model.path``/``model.dtype``, ``data.train_batch_size``, ``rollout.n``,
+    ``async.max_staleness``, ``actor``, ``critic``, ``ref``, ``algorithm``, ``trainer``,
+    ``queues`` and ``weights`` where the job has them.
+    """
+
+    def dump(obj: Any) -> Any:
+        return obj.model_dump(mode="json", by_alias=True) if hasattr(obj, "model_dump") else obj
+
+    raw: dict[str, Any] = {
+        "model_path": job.model.path,
+        "dtype": "bfloat16" if getattr(job.model, "dtype", "float32") == "bfloat16" else "float32",
+        "train_batch_size": job.data.train_batch_size,
+    }
+    rollout = getattr(job, "rollout", None)
+    if rollout is not None and hasattr(rollout, "n"):
+        raw["rollout_n"] = rollout.n
+    asyn = getattr(job, "async_", None)
+    if asyn is not None:
+        raw["max_staleness"] = asyn.max_staleness
+    for key in ("actor", "critic", "ref", "algorithm", "trainer"):
+        block = getattr(job, key, None)
+        if block is not None:
+            raw[key] = dump(block)
+    services = getattr(job, "services", None)
+    if services is not None and hasattr(services, "trainer"):
+        raw.setdefault("trainer", {})
+        raw["trainer"]["nproc"] = services.trainer.nproc
+        raw["trainer"]["device"] = services.trainer.device
+    for key, attr in (("queue", "queues"), ("queue", "queue"), ("weights", "weights")):
+        block = getattr(job, attr, None)
+        if block is not None and key not in raw:
+            raw[key] = dump(block)
+    return TrainerServiceSpec.model_validate(raw)

@@ -1,0 +1,61 @@
+"""A trainer-rank program for tests: one training step on a fixed synthetic batch.
+
+Run as ``nproc`` ranks by ``trainer_svc.launch.spawn_ranks``::
+
+    python tests/integration/trainer_step_job.py SPEC.json OUT_DIR [--steps K]
+
+Rank 0 writes ``OUT_DIR/result.json`` (per-step metrics, versions) and
+``OUT_DIR/params.safetensors`` (the full parameters after the last step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("spec")
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--nan-step", type=int, default=-1, help="poison the advantages of this step with NaN")
+    args = ap.parse_args()
+
+    import torch
+    from safetensors.torch import save_file
+
+    from services.config.trainer import TrainerServiceSpec
+    from trainer_svc.fsdp import init_distributed
+    from trainer_svc.synthetic import make_batch
+    from trainer_svc.worker import TrainerWorker
+
+    torch.set_num_threads(1)
+    spec = TrainerServiceSpec.model_validate(json.loads(Path(args.spec).read_text()))
+    ctx = init_distributed("cpu", timeout_s=120)
+    worker = TrainerWorker(spec, ctx)
+    vocab = worker.model.config.vocab_size
+    steps = []
+    for step in range(args.steps):
+        batch = make_batch(args.groups, n=spec.rollout_n, prompt_len=7, response_len=6, vocab_size=vocab, seed=step)
+        if step == args.nan_step:
+            batch.batch["token_level_scores"][0, 0] = float("nan")
+        res = worker.step(batch)
+        steps.append({"version": res.version, "applied": res.applied, "skipped": res.skipped_steps, "metrics": res.metrics})
+    params = {name: t.clone().contiguous() for name, t in worker.full_params()}
+    if ctx.rank == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(params, str(out / "params.safetensors"))
+        (out / "result.json").write_text(json.dumps({"steps": steps, "world": ctx.world_size}))
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

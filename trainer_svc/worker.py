@@ -1,0 +1,157 @@
+"""One trainer rank: models, optimizers and the SPMD training step.
+
+Every rank holds the whole training batch (rank 0 broadcast it) and runs the same code:
+
+1. ``ShardPlan``: pad to a multiple of the world size, deal rows so every rank gets the
+   same number of rows and about the same number of tokens;
+2. recompute ``old_log_probs`` (and ``ref_log_prob`` / critic ``values`` when needed) on
+   the local rows, all-gather them back into the full batch;
+3. compute advantages on the full batch (deterministic, identical on every rank);
+4. update the critic and the actor on the local rows (FSDP2 reduce-scatters gradients).
+
+The policy version counts committed steps that changed the weights: a step whose every
+optimizer step was skipped for a non-finite loss leaves the version (and the weights)
+unchanged and is reported as such.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from services.config.trainer import TrainerServiceSpec
+from services.protocol import DataProto
+from trainer_svc import core_algos
+from trainer_svc.actor import DataParallelPPOActor, local_mini_batch_size
+from trainer_svc.batching import ShardPlan
+from trainer_svc.critic import DataParallelPPOCritic
+from trainer_svc.experience import compute_advantage
+from trainer_svc.fsdp import DistContext, build_optimizer, iter_full_params, load_causal_lm, load_value_model, shard_model
+from trainer_svc.ref import ReferencePolicy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    """Outcome of one training step on this rank (metrics are identical on all ranks).
+
+    ``version``: the policy version after the step. ``applied``: at least one optimizer
+    step changed the weights. ``skipped_steps``: optimizer steps skipped for NaN/inf.
+    ``seconds``: phase timings (``logprob``, ``adv``, ``update``).
+    """
+
+    version: int
+    applied: bool
+    samples: int
+    tokens: int
+    optimizer_steps: int
+    skipped_steps: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class TrainerWorker:
+    """Builds the actor (and reference / critic) for one rank from the spec."""
+
+    def __init__(self, spec: TrainerServiceSpec, ctx: DistContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        torch.manual_seed(spec.trainer.seed)
+        a = spec.actor
+        steps_per_batch = a.ppo_epochs * (spec.train_batch_size // a.ppo_mini_batch_size)
+        total_opt_steps = max(1, spec.trainer.total_steps * steps_per_batch)
+        model = load_causal_lm(spec.model_path, spec.dtype, device=ctx.device)
+        if a.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.model = shard_model(model, ctx.mesh)
+        self.optimizer, self.lr_scheduler = build_optimizer(self.model, a.optim, total_opt_steps)
+        self.actor = DataParallelPPOActor(
+            a,
+            self.model,
+            self.optimizer,
+            self.lr_scheduler,
+            mini_batch_size=local_mini_batch_size(a.ppo_mini_batch_size, spec.rollout_n, ctx.world_size),
+            group=ctx.group,
+            off_policy=spec.algorithm.off_policy,
+        )
+        self.ref: ReferencePolicy | None = None
+        if spec.use_ref:
+            ref_model = shard_model(load_causal_lm(spec.model_path, spec.dtype, device=ctx.device), ctx.mesh)
+            self.ref = ReferencePolicy(ref_model, a, spec.ref, group=ctx.group)
+        self.critic: DataParallelPPOCritic | None = None
+        self.critic_optimizer = self.critic_scheduler = None
+        if spec.use_critic:
+            c = spec.critic
+            vmodel = shard_model(load_value_model(c.model_path or spec.model_path, spec.dtype, device=ctx.device), ctx.mesh)
+            total_c = max(1, spec.trainer.total_steps * c.ppo_epochs * (spec.train_batch_size // c.ppo_mini_batch_size))
+            self.critic_optimizer, self.critic_scheduler = build_optimizer(vmodel, c.optim, total_c)
+            self.critic = DataParallelPPOCritic(
+                c,
+                vmodel,
+                self.critic_optimizer,
+                self.critic_scheduler,
+                mini_batch_size=local_mini_batch_size(c.ppo_mini_batch_size, spec.rollout_n, ctx.world_size),
+                group=ctx.group,
+            )
+        self.kl_ctrl = core_algos.get_kl_controller(spec.algorithm.kl_ctrl) if spec.algorithm.use_kl_in_reward else None
+        self.version = 0
+
+    # ------------------------------------------------------------------------------ step
+
+    def step(self, batch: DataProto) -> StepResult:
+        """One training step on the full batch (identical on every rank). Collective."""
+        if len(batch) == 0:
+            raise ValueError("empty training batch")
+        ctx, spec = self.ctx, self.spec
+        t0 = time.perf_counter()
+        batch.meta_info.setdefault("temperature", spec.actor.temperature)
+        plan = ShardPlan.build(batch, ctx.world_size)
+        local = plan.local(batch, ctx.rank)
+        old_lp, entropy = self.actor.compute_log_prob(local, calculate_entropy=True)
+        batch.batch["old_log_probs"] = plan.gather(old_lp, ctx.group)
+        metrics: dict[str, float] = {}
+        if entropy is not None:
+            full_ent = plan.gather(entropy, ctx.group)
+            if "response_mask" not in batch.batch.keys():
+                batch.batch["response_mask"] = core_algos.compute_response_mask(batch)
+            metrics["actor/old_entropy"] = float(core_algos.masked_mean(full_ent, batch.batch["response_mask"]))
+        if self.ref is not None:
+            batch.batch["ref_log_prob"] = plan.gather(self.ref.compute_ref_log_prob(local), ctx.group)
+        if self.critic is not None:
+            batch.batch["values"] = plan.gather(self.critic.compute_values(local), ctx.group)
+        t1 = time.perf_counter()
+        batch, adv_metrics = compute_advantage(batch, spec.algorithm, self.kl_ctrl)
+        metrics.update(adv_metrics)
+        t2 = time.perf_counter()
+        local = plan.local(batch, ctx.rank)
+        if self.critic is not None:
+            metrics.update(self.critic.update_critic(local))
+        result = self.actor.update_policy(local)
+        t3 = time.perf_counter()
+        metrics.update(result.metrics)
+        applied = result.optimizer_steps > 0
+        if applied:
+            self.version += 1
+        mask = batch.batch["response_mask"]
+        return StepResult(
+            version=self.version,
+            applied=applied,
+            samples=len(batch),
+            tokens=int(batch.batch["attention_mask"].sum()),
+            optimizer_steps=result.optimizer_steps,
+            skipped_steps=result.skipped_steps,
+            metrics={**metrics, "response_length/mean": float(mask.sum(-1).float().mean())},
+            seconds={"logprob": t1 - t0, "adv": t2 - t1, "update": t3 - t2},
+        )
+
+    # ------------------------------------------------------------------------------ weights
+
+    def full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor)`` per parameter, gathered one at a time. Collective:
+        every rank must drain it (rank 0 feeds the publisher, the others discard)."""
+        return iter_full_params(self.model)
