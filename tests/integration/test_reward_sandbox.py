@@ -1,0 +1,242 @@
+"""User reward functions in the sandbox pool: real worker processes, real limits.
+
+Each misbehaving function (raises, hangs, eats memory, kills itself, uses the network,
+prints, returns garbage) must cost only its own sample: score 0, error recorded, worker
+replaced, the rest of the group scored correctly.
+"""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+
+import pytest
+
+from reward_svc.decode import load_decoder
+from reward_svc.manager import RewardManager
+from reward_svc.sandbox.pool import SandboxPool, SandboxSpec, SandboxStartError
+from services.config.reward import RewardConfig
+from tests.unit.reward_common import last_valid_index, make_group, write_tokenizer
+
+pytestmark = pytest.mark.timeout(120)
+
+USER_CODE = textwrap.dedent(
+    """
+    import os, socket, sys
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0, **kw):
+        s = solution_str
+        if s == "raise":
+            raise ValueError("boom from user code")
+        if s == "hang":
+            while True:
+                pass
+        if s == "bigalloc":
+            x = bytearray(1 << 36)
+        if s == "grow":
+            chunks = []
+            while True:
+                chunks.append(bytearray(8 << 20))
+        if s == "kill":
+            os.kill(os.getpid(), 9)
+        if s == "exit":
+            os._exit(3)
+        if s == "sysexit":
+            sys.exit(0)
+        if s.startswith("net:"):
+            port = int(s.split(":")[1])
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            return 5.0
+        if s == "print":
+            print("garbage on stdout that must not break the protocol")
+            sys.stdout.flush()
+            os.write(1, b"raw bytes on fd 1")
+            return 0.25
+        if s == "dict":
+            return {"score": 0.5, "acc": True, "pred": "x"}
+        if s == "nan":
+            return float("nan")
+        if s == "object":
+            return object()
+        if s == "str":
+            return "1.0"
+        if s == "huge":
+            return {"score": 1.0, "blob": "y" * (1 << 20)}
+        if s == "nokey":
+            return {"acc": 1.0}
+        return float(s == ground_truth) + bonus
+
+    def batch_score(data_sources, solution_strs, ground_truths, extra_infos, **kw):
+        if "hang" in solution_strs:
+            while True:
+                pass
+        if "short" in solution_strs:
+            return [1.0]
+        return [{"score": float(s == g), "len": len(s)} for s, g in zip(solution_strs, ground_truths)]
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def user_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("user_reward") / "user_reward.py"
+    path.write_text(USER_CODE)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pool(user_file):
+    spec = SandboxSpec(path=user_file, kwargs={"bonus": 0.25}, num_workers=2, call_timeout_s=1.5,
+                       memory_limit_mb=512, chunk_size=4)
+    p = SandboxPool(spec).start()
+    yield p
+    p.close()
+
+
+def items(*texts, truth="a"):
+    return [{"data_source": "x", "solution_str": t, "ground_truth": truth, "extra_info": {"i": i}} for i, t in enumerate(texts)]
+
+
+def check_group(pool, bad, kind, error_part):
+    """A group with one bad sample among good ones: only the bad one fails."""
+    before = pool.restarts
+    res = pool.score(items("a", "b", "a", bad, "a", "b", "a", "a"))
+    assert [r.score for i, r in enumerate(res) if i != 3] == [1.25, 0.25, 1.25, 1.25, 0.25, 1.25, 1.25]
+    assert all(r.error is None for i, r in enumerate(res) if i != 3)
+    assert res[3].score == 0.0 and res[3].kind == kind, res[3]
+    assert error_part in res[3].error
+    return pool.restarts - before
+
+
+def test_sandbox_has_no_network(pool):
+    assert pool.network == "netns"
+
+
+def test_raising_function(pool):
+    assert check_group(pool, "raise", "exception", "boom from user code") == 0
+
+
+def test_hanging_function_times_out_and_is_replaced(pool):
+    assert check_group(pool, "hang", "timeout", "deadline") == 1
+
+
+def test_huge_allocation_hits_the_memory_limit(pool):
+    assert check_group(pool, "bigalloc", "memory", "MemoryError") == 1
+
+
+def test_growing_allocation_hits_the_memory_limit(pool):
+    assert check_group(pool, "grow", "memory", "MemoryError") == 1
+
+
+def test_self_kill(pool):
+    assert check_group(pool, "kill", "crash", "signal 9") == 1
+
+
+def test_os_exit(pool):
+    assert check_group(pool, "exit", "crash", "exit code 3") == 1
+
+
+def test_sys_exit_is_an_error_not_a_death(pool):
+    assert check_group(pool, "sysexit", "exception", "SystemExit") == 0
+
+
+def test_network_is_blocked(pool):
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # reachable from here
+        check_group(pool, f"net:{port}", "exception", "unreachable")
+
+
+@pytest.mark.parametrize(
+    ("bad", "kind", "part"),
+    [
+        ("nan", "invalid", "finite"),
+        ("object", "invalid", "JSON"),
+        ("str", "invalid", "want float or dict"),
+        ("huge", "invalid", "exceeds"),
+        ("nokey", "invalid", "'score'"),
+    ],
+)
+def test_bad_results(pool, bad, kind, part):
+    check_group(pool, bad, kind, part)
+
+
+def test_prints_do_not_break_the_protocol_and_dicts_keep_extras(pool):
+    res = pool.score(items("print", "dict", "a"))
+    assert [r.score for r in res] == [0.25, 0.5, 1.25]
+    assert res[1].extra == {"score": 0.5, "acc": True, "pred": "x"}
+
+
+def test_every_misbehaviour_in_one_group(pool):
+    texts = ["a", "hang", "kill", "a", "raise", "grow", "b", "a"]
+    res = pool.score(items(*texts))
+    assert [r.kind for r in res] == [None, "timeout", "crash", None, "exception", "memory", None, None]
+    assert [r.score for r in res] == [1.25, 0, 0, 1.25, 0, 0, 0.25, 1.25]
+    assert [r.score for r in pool.score(items("a", "b"))] == [1.25, 0.25]  # still serving
+
+
+def test_unserialisable_sample_fails_alone(pool):
+    its = items("a", "a", "a")
+    its[1]["ground_truth"] = {1, 2}  # a set is not JSON
+    res = pool.score(its)
+    assert [r.score for r in res] == [1.25, 0.0, 1.25]
+    assert res[1].kind == "invalid"
+
+
+def test_network_allowed_when_configured(user_file):
+    p = SandboxPool(SandboxSpec(path=user_file, num_workers=1, allow_network=True, memory_limit_mb=512)).start()
+    try:
+        assert p.network == "allowed"
+        with socket.socket() as srv:
+            srv.bind(("127.0.0.1", 0))
+            srv.listen()
+            res = p.score(items(f"net:{srv.getsockname()[1]}"))
+        assert res[0].score == 5.0 and res[0].error is None
+    finally:
+        p.close()
+
+
+def test_batch_scorer(user_file):
+    spec = SandboxSpec(path=user_file, name="batch_score", num_workers=1, batch_timeout_s=1.5, memory_limit_mb=512)
+    p = SandboxPool(spec).start()
+    try:
+        args = {"data_sources": ["x"] * 3, "solution_strs": ["a", "bb", "a"], "ground_truths": ["a"] * 3, "extra_infos": [None] * 3}
+        res = p.score_batch(args, 3)
+        assert [r.score for r in res] == [1.0, 0.0, 1.0] and res[1].extra == {"score": 0.0, "len": 2}
+        hang = dict(args, solution_strs=["a", "hang", "a"])
+        assert [r.kind for r in p.score_batch(hang, 3)] == ["timeout"] * 3
+        short = dict(args, solution_strs=["a", "short", "a"])
+        assert all("list of 3" in r.error for r in p.score_batch(short, 3))
+        assert [r.score for r in p.score_batch(args, 3)] == [1.0, 0.0, 1.0]  # replaced worker serves
+    finally:
+        p.close()
+
+
+def test_start_errors_are_clear(tmp_path, user_file):
+    with pytest.raises(SandboxStartError, match="not found"):
+        SandboxPool(SandboxSpec(path=user_file, name="missing_fn", num_workers=1)).start()
+    broken = tmp_path / "broken.py"
+    broken.write_text("import definitely_not_a_module_xyz\n")
+    with pytest.raises(SandboxStartError, match="definitely_not_a_module_xyz"):
+        SandboxPool(SandboxSpec(path=str(broken), num_workers=1)).start()
+
+
+def test_user_function_through_the_manager(user_file, tmp_path):
+    tok = write_tokenizer(tmp_path / "tok")
+    cfg = RewardConfig(custom_reward_function={"path": user_file}, num_workers=2, call_timeout_s=1.5, memory_limit_mb=512)
+    p = SandboxPool(SandboxSpec(path=user_file, num_workers=2, call_timeout_s=1.5, memory_limit_mb=512)).start()
+    try:
+        m = RewardManager(cfg, load_decoder(tok), p)
+        g = make_group(tok, ["a", "dict", "hang", "a"], ["a"] * 4)
+        out, rep = m.score(g)
+        assert rep.scores == [1.0, 0.5, 0.0, 1.0]
+        tls = out.batch["token_level_scores"]
+        last = last_valid_index(g)
+        assert [tls[i, last[i]].item() for i in range(4)] == [1.0, 0.5, 0.0, 1.0]
+        assert list(out.non_tensor_batch["acc"]) == [None, True, None, None]
+        assert list(out.non_tensor_batch["score"]) == [None, 0.5, None, None]
+        assert out.non_tensor_batch["error"][2].startswith("reward timeout:")
+    finally:
+        p.close()
