@@ -9,7 +9,7 @@ bytes), ``future`` (``DataProtoFuture``), ``distributed`` (``all_gather_data_pro
 
 from services.protocol.columns import POLICY_VERSION, SAMPLE_ID, UID, check_meshrl_columns, new_sample_ids, set_policy_version
 from services.protocol.config import PADDING_SIZE_KEY, DataProtoConfig
-from services.protocol.dataproto import DataProto, DataProtoItem
+from services.protocol.dataproto import DataProto, DataProtoItem, collate_fn
 from services.protocol.distributed import all_gather_data_proto
 from services.protocol.errors import DataProtoError
 from services.protocol.future import DataProtoFuture
@@ -42,6 +42,7 @@ __all__ = [
     "UID",
     "all_gather_data_proto",
     "check_meshrl_columns",
+    "collate_fn",
     "deserialize_single_tensor",
     "deserialize_tensordict",
     "fold_batch_dim",

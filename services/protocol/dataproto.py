@@ -432,3 +432,21 @@ class DataProto(DataProtoOpsMixin):
         row = self.select_idxs([0 if padding_candidate == "first" else len(self) - 1])
         padded = type(self).concat([self, row.repeat(repeat_times=padding_size)])
         self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
+
+
+def collate_fn(x: list[DataProtoItem]) -> DataProto:
+    """Stack :class:`DataProtoItem` rows (e.g. from a DataLoader over a DataProto) into a DataProto."""
+    require(len(x) > 0, "collate_fn needs at least one item")
+    batches = [item.batch for item in x]
+    has_batch = [b is not None for b in batches]
+    require(all(has_batch) or not any(has_batch), "cannot collate items with and without a tensor batch")
+    batch = torch.stack(batches).contiguous() if has_batch[0] else None
+    keys = list(x[0].non_tensor_batch)
+    non_tensor = {}
+    for key in keys:
+        col = np.empty(len(x), dtype=object)
+        for i, item in enumerate(x):
+            require(key in item.non_tensor_batch, f"item {i} lacks non-tensor key {key!r}")
+            col[i] = item.non_tensor_batch[key]
+        non_tensor[key] = col
+    return DataProto(batch=batch, non_tensor_batch=non_tensor)

@@ -428,3 +428,14 @@ def test_concat_meta_equality_is_value_based():
     c = DataProto.from_dict({"obs": torch.tensor([2])}, meta_info={"arr": np.array([1.0, 2.0])})
     with pytest.raises(AssertionError, match="Conflicting values for meta_info key 'arr'"):
         DataProto.concat([a, c])
+
+
+def test_collate_items_back_into_a_batch():
+    from torch.utils.data import DataLoader
+
+    from services.protocol import collate_fn
+
+    d = make(6)
+    loaded = list(DataLoader(d, batch_size=4, collate_fn=collate_fn))  # a DataProto is a map-style dataset
+    assert [m.batch["obs"].tolist() for m in loaded] == [[1, 2, 3, 4], [5, 6]]
+    assert loaded[1].non_tensor_batch["labels"].tolist() == ["e", "f"]
