@@ -34,7 +34,8 @@ SCHEMA_VERSION = 1
 ALIGN = 64
 PREFIX = struct.Struct("<4sHHIQ")
 DEFAULT_MAX_FRAME_BYTES = 4 << 30  # 4 GiB
-MAX_HEADER_BYTES = 64 << 20
+MAX_HEADER_BYTES = 16 << 20
+MAX_ENTRIES = 1 << 16  # most tensors / columns one frame may describe
 MAX_DIM = 1 << 48  # largest single dimension accepted (a zero-size tensor may be wide)
 _ENC = frame_pb2.ColumnEncoding
 _ZEROS = memoryview(bytes(ALIGN))
@@ -138,6 +139,8 @@ class _Plan:
                 raise TypeError(f"{where}: column names must be non-empty str")
             if not isinstance(col, np.ndarray):
                 raise TypeError(f"{where}: expected a numpy array, got {type(col).__qualname__}")
+            if bs and (col.ndim == 0 or col.shape[0] != bs[0]):
+                raise ValueError(f"{where}: shape {col.shape} does not match batch size {bs[0]}")
             if col.dtype == object:
                 src = memoryview(plain.pack(col.reshape(-1).tolist(), where))
                 enc, ds = _ENC.COLUMN_ENCODING_MSGPACK, ""
@@ -156,7 +159,11 @@ class _Plan:
         hdr.meta_info.offset, hdr.meta_info.nbytes = off, meta.nbytes
         self.blobs.append((off, meta))
         hdr.data_bytes = off + meta.nbytes
+        if len(hdr.tensors) > MAX_ENTRIES or len(hdr.columns) > MAX_ENTRIES:
+            raise ValueError(f"a frame holds at most {MAX_ENTRIES} tensors and {MAX_ENTRIES} columns")
         header = hdr.SerializeToString()
+        if len(header) > MAX_HEADER_BYTES:
+            raise ValueError(f"frame header of {len(header)} bytes is over {MAX_HEADER_BYTES} (key names too long?)")
         self.data_start = _align(PREFIX.size + len(header))
         self.total = self.data_start + hdr.data_bytes
         self.head = bytearray(self.data_start)
@@ -275,6 +282,8 @@ def _decode(buf: Any, max_frame_bytes: int, zero_copy_readonly: bool) -> FramePa
     base = _align(PREFIX.size + hlen)
     if base + hdr.data_bytes != n:
         raise WireError(f"header: data section of {hdr.data_bytes} bytes at {base} does not end the {n}-byte frame")
+    if len(hdr.tensors) > MAX_ENTRIES or len(hdr.columns) > MAX_ENTRIES:
+        raise WireError(f"header: {len(hdr.tensors)} tensors / {len(hdr.columns)} columns, over the limit of {MAX_ENTRIES}")
     _check_regions(hdr)
     if mv.readonly and not zero_copy_readonly:
         mv = memoryview(bytearray(mv))
@@ -285,9 +294,10 @@ def _decode(buf: Any, max_frame_bytes: int, zero_copy_readonly: bool) -> FramePa
     elif len(hdr.batch_size) or len(hdr.tensors):
         raise WireError("header: batch_size/tensors present but has_batch is false")
     parts = FrameParts(batch_size=bs)
+    inner: set[Key] = set()  # every proper prefix of a key seen so far (nested TensorDicts)
     for i, e in enumerate(hdr.tensors):
-        key = tuple(e.key)
-        parts.tensors[_tensor_key(key, i, parts.tensors)] = _tensor(mv, base, e, bs)
+        key = _tensor_key(tuple(e.key), i, parts.tensors, inner)
+        parts.tensors[key] = _tensor(mv, base, e, bs, mv.readonly)
     for e in hdr.columns:
         where = f"column {e.name!r}"
         if not e.name or e.name in parts.non_tensors:
@@ -325,17 +335,18 @@ def _shape(dims: Any, where: str) -> tuple[int, ...]:
     return shape
 
 
-def _tensor_key(key: Key, i: int, seen: dict[Key, torch.Tensor]) -> Key:
+def _tensor_key(key: Key, i: int, seen: dict[Key, torch.Tensor], inner: set[Key]) -> Key:
+    """Validate a key path: non-empty parts, not equal to, inside, or above another key."""
     if not key or not all(key):
         raise WireError(f"tensor #{i}: key path {key!r} is empty or has an empty part")
-    for other in seen:
-        m = min(len(other), len(key))
-        if other[:m] == key[:m]:
-            raise WireError(f"tensor {_key_name(key)!r}: key collides with {_key_name(other)!r}")
+    prefixes = [key[:j] for j in range(1, len(key))]
+    if key in seen or key in inner or any(p in seen for p in prefixes):
+        raise WireError(f"tensor {_key_name(key)!r}: key collides with another tensor's key path")
+    inner.update(prefixes)
     return key
 
 
-def _tensor(mv: memoryview, base: int, e: frame_pb2.TensorEntry, bs: tuple[int, ...] | None) -> torch.Tensor:
+def _tensor(mv: memoryview, base: int, e: frame_pb2.TensorEntry, bs: tuple[int, ...] | None, readonly: bool) -> torch.Tensor:
     where = f"tensor {_key_name(tuple(e.key))!r}"
     dt = dtypes.torch_dtype(e.dtype, where)
     shape = _shape(e.shape, where)
@@ -346,8 +357,11 @@ def _tensor(mv: memoryview, base: int, e: frame_pb2.TensorEntry, bs: tuple[int, 
         raise WireError(f"{where}: shape {shape} of {dt} needs {count * dt.itemsize} bytes, header says {e.nbytes}")
     if count == 0:
         return torch.empty(shape, dtype=dt)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only buffer: documented caveat
+    if readonly:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # zero_copy_readonly: documented caveat
+            t = torch.frombuffer(mv, dtype=dt, count=count, offset=base + e.offset)
+    else:
         t = torch.frombuffer(mv, dtype=dt, count=count, offset=base + e.offset)
     if t.data_ptr() % dt.itemsize:  # buffer itself misaligned in memory: copy this one
         t = t.clone()

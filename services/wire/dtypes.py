@@ -32,6 +32,10 @@ TORCH_TO_WIRE: dict[torch.dtype, int] = {
     torch.uint64: _D.DTYPE_UINT64,
     torch.float8_e4m3fn: _D.DTYPE_FLOAT8_E4M3FN,
     torch.float8_e5m2: _D.DTYPE_FLOAT8_E5M2,
+    torch.float8_e4m3fnuz: _D.DTYPE_FLOAT8_E4M3FNUZ,
+    torch.float8_e5m2fnuz: _D.DTYPE_FLOAT8_E5M2FNUZ,
+    torch.float8_e8m0fnu: _D.DTYPE_FLOAT8_E8M0FNU,
+    torch.float4_e2m1fn_x2: _D.DTYPE_FLOAT4_E2M1FN_X2,
 }
 #: wire enum value -> torch dtype.
 WIRE_TO_TORCH: dict[int, torch.dtype] = {v: k for k, v in TORCH_TO_WIRE.items()}

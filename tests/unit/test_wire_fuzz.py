@@ -168,6 +168,14 @@ def test_crafted_header_is_rejected_naming_the_problem(name, mutate, message):
         wire.decode(_build(hdr, data))
 
 
+def test_too_many_entries_are_rejected_quickly():
+    hdr, data = _base()
+    for i in range(codec.MAX_ENTRIES):
+        hdr.tensors.add(key=["k", str(i)], dtype=1, offset=0, nbytes=0)
+    with pytest.raises(wire.WireError, match="over the limit"):
+        wire.decode(_build(hdr, data))
+
+
 def test_prefix_fields_are_checked():
     frame = _sample_frames()[0]
     for offset, value, message in [(0, b"XXXX", "magic"), (4, b"\x09\x00", "version"), (6, b"\x01\x00", "flags"),
