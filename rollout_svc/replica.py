@@ -1,0 +1,265 @@
+"""The replica loop: lease prompt groups, generate, deliver, acknowledge.
+
+``Replica`` ties a :class:`~rollout_svc.engine.RolloutEngine` to the ``prompts`` and
+``rollouts`` streams (``services.queues``):
+
+1. lease up to ``rollout.max_groups_in_flight`` prompt items (one DataProto per prompt,
+   docs/contracts.md "Items on the three streams");
+2. generate ``n`` samples for each row (``meta_info["n"]``, default ``rollout.n``; greedy
+   ``val_kwargs`` when ``meta_info["validate"]``), all groups concurrently in one vLLM
+   engine (continuous batching);
+3. put one packed DataProto per group into ``rollouts`` (layout: :mod:`rollout_svc.packing`),
+   then ack the prompt item -- only after the downstream write succeeded, so a crash
+   loses nothing (the lease is reclaimed by another replica and consumers dedupe on
+   ``sample_id``).
+
+A bad prompt becomes samples with an ``error`` message; nothing a peer sends can stop the
+loop. Per-group varying information (timing, epoch, replica) goes to
+``meta_info["metrics"]`` so that ``DataProto.concat`` of groups from different replicas works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollout_svc.engine import RolloutEngine
+from rollout_svc.metrics import RolloutMetrics
+from rollout_svc.packing import pack_group
+from services.config.rollout import RolloutConfig
+
+log = logging.getLogger(__name__)
+
+_RESERVED = ("sample_id", "error", "finish_reason")
+
+
+class RateTracker:
+    """Tokens per second over a sliding window of recent (time, cumulative) points."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._pts: deque[tuple[float, int]] = deque()
+
+    def add(self, total: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._pts.append((now, total))
+        while len(self._pts) > 2 and now - self._pts[0][0] > self.window_s:
+            self._pts.popleft()
+
+    def rate(self) -> float:
+        if len(self._pts) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._pts[0], self._pts[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def _stream_id_age_s(entry_id: str) -> float | None:
+    """Age of a Redis-stream-style id ``"<ms>-<seq>"`` in seconds (None if not that form)."""
+    head, _, tail = entry_id.partition("-")
+    if not (head.isdigit() and tail.isdigit()):
+        return None
+    return max(0.0, time.time() - int(head) / 1000.0)
+
+
+def _column_value(col: np.ndarray | None, i: int) -> Any:
+    return None if col is None else col[i]
+
+
+class Replica:
+    """One rollout replica's generation logic and stream loop.
+
+    Args:
+        engine: a started :class:`RolloutEngine`.
+        cfg: the rollout block (same object the engine got).
+        name: replica name (consumer name on ``prompts``).
+        prompts / rollouts: ``services.queues`` queues (None for direct-call-only use).
+        metrics: the replica's :class:`RolloutMetrics`.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        cfg: RolloutConfig,
+        *,
+        name: str = "rollout-0",
+        prompts=None,
+        rollouts=None,
+        metrics: RolloutMetrics | None = None,
+    ) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.name = name
+        self.prompts = prompts
+        self.rollouts = rollouts
+        self.metrics = metrics or RolloutMetrics()
+        self.metrics.bind(self)
+        self.paused = False
+        self.groups_in_flight = 0
+        self.groups_done = 0
+        self.weight_updates = 0
+        self.rate = RateTracker()
+        self._tasks: set[asyncio.Task] = set()
+        self._slot_free = asyncio.Event()
+
+    # -- generation ----------------------------------------------------------------------------
+
+    async def generate_row(self, data, i: int):
+        """Generate the group of row ``i`` of a prompts item; returns one packed DataProto."""
+        nt = data.non_tensor_batch or {}
+        meta = data.meta_info or {}
+        validate = bool(meta.get("validate", False))
+        sampling = self.cfg.sampling_for(validate)
+        n = meta.get("n", sampling.n)
+        err = ""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= int(n) <= 4096:
+            err, n = f"meta_info n={n!r} is not an integer in [1, 4096]", 1
+        n = int(n)
+        uid = _column_value(nt.get("uid"), i)
+        if uid is None:
+            uid = _column_value(nt.get("sample_id"), i)
+        uid = str(uid) if uid is not None else f"{self.name}-{time.time_ns()}-{i}"
+        sample_ids = [f"{uid}/{k}" for k in range(n)]
+        prompt = _column_value(nt.get("raw_prompt_ids"), i)
+        if prompt is None and not err:
+            err = "prompt item has no raw_prompt_ids column"
+        if isinstance(prompt, np.ndarray):
+            prompt = prompt.tolist()
+        t0 = time.perf_counter()
+        if err:
+            from rollout_svc.packing import Sample
+
+            samples = [Sample(prompt_ids=[], policy_version=self.engine.version, finish_reason="error", error=err)] * n
+        else:
+            samples = await self.engine.generate_group(prompt, sampling, sample_ids)
+        gen_s = time.perf_counter() - t0
+        cols = {}
+        for key, col in nt.items():
+            if key in _RESERVED:
+                continue
+            arr = np.empty(n, dtype=object)
+            for k in range(n):
+                arr[k] = col[i]
+            cols[key] = arr
+        if "uid" not in cols:
+            cols["uid"] = np.array([uid] * n, dtype=object)
+        versions = [s.policy_version for s in samples]
+        out = pack_group(
+            samples,
+            prompt_length=self.cfg.prompt_length,
+            response_length=self.cfg.response_length,
+            pad_token_id=self.engine.pad_token_id,
+            eos_token_ids=self.engine.eos_token_ids,
+            non_tensors=cols,
+            sample_ids=sample_ids,
+            meta_info={
+                "validate": validate,
+                "eos_token_id": self.engine.eos_token_ids[0] if self.engine.eos_token_ids else None,
+                "pad_token_id": self.engine.pad_token_id,
+                "metrics": {
+                    "timing/generate_s": gen_s,
+                    "rollout/replica": self.name,
+                    "rollout/policy_version_min": min(versions),
+                    "rollout/epoch": meta.get("epoch"),
+                },
+            },
+        )
+        n_tok = int(out.batch["response_mask"].sum())
+        n_err = sum(1 for s in samples if s.error)
+        self.metrics.observe_group(tokens=n_tok, errors=n_err, generate_s=gen_s)
+        self.rate.add(self.engine.tokens_generated)
+        return out
+
+    async def generate_item(self, data) -> list:
+        """All groups of one prompts item (B rows -> B DataProtos), generated concurrently."""
+        b = len(data)
+        return list(await asyncio.gather(*(self.generate_row(data, i) for i in range(b))))
+
+    # -- the stream loop -------------------------------------------------------------------------
+
+    async def _process(self, leased) -> None:
+        try:
+            outs = await self.generate_item(leased.data)
+            await self.rollouts.put(outs)
+            await self.prompts.ack(leased)
+            self.groups_done += len(outs)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # keep the lease: the item is reclaimed and retried, never lost
+            log.exception("replica %s: group %s failed; leaving it leased for reclaim", self.name, leased.id)
+            self.metrics.failed_items.inc()
+        finally:
+            self.groups_in_flight -= 1
+            self._slot_free.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Lease, generate, deliver, ack until ``stop`` is set; then finish what is in flight."""
+        if self.prompts is None or self.rollouts is None:
+            raise RuntimeError("Replica.run needs the prompts and rollouts queues")
+        limit = self.cfg.max_groups_in_flight
+        while not stop.is_set():
+            free = limit - self.groups_in_flight
+            if self.paused or free <= 0:
+                self._slot_free.clear()
+                try:
+                    await asyncio.wait_for(self._slot_free.wait(), timeout=self.cfg.lease_timeout_s)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                items = await self.prompts.get(max_items=min(free, 64), timeout=self.cfg.lease_timeout_s)
+            except Exception:
+                log.exception("replica %s: leasing prompts failed; retrying", self.name)
+                await asyncio.sleep(min(1.0, self.cfg.lease_timeout_s))
+                continue
+            for it in items:
+                age = _stream_id_age_s(str(it.id))
+                if age is not None:
+                    self.metrics.queue_lag.observe(age)
+                self.groups_in_flight += 1
+                task = asyncio.create_task(self._process(it))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def pause(self) -> None:
+        """Stop leasing new prompt groups (in-flight groups finish)."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._slot_free.set()
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    async def apply_weights(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Load ``version`` into the engine in place (see ``RolloutEngine.update_weights``)."""
+        secs = await self.engine.update_weights(named_tensors, version)
+        self.weight_updates += 1
+        self.metrics.weight_load.observe(secs)
+        log.info("replica %s now serves policy version %d (loaded in %.3fs)", self.name, version, secs)
+        return secs
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able snapshot of the replica's state (also ``/status`` and gRPC Status)."""
+        return {
+            "replica": self.name,
+            "model": self.engine.model,
+            "served_version": self.engine.version,
+            "ready": self.engine.llm is not None,
+            "paused": self.paused,
+            "requests_in_flight": self.engine.in_flight,
+            "groups_in_flight": self.groups_in_flight,
+            "tokens_generated": self.engine.tokens_generated,
+            "tokens_per_s": self.rate.rate(),
+            "last_weight_load_s": self.engine.last_weight_load_s,
+            "weight_updates": self.weight_updates,
+            "groups_done": self.groups_done,
+        }

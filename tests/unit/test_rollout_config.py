@@ -1,0 +1,101 @@
+"""RolloutConfig, replica settings, weight staging, and the entrypoint's argument parsing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rollout_svc.settings import SettingsError, load_settings, settings_from_dict
+from rollout_svc.weights import WeightManifest, WeightUpdateError, stage_weights
+from services.config.rollout import RolloutConfig
+
+
+def test_defaults_and_val_kwargs() -> None:
+    c = RolloutConfig(n=8, temperature=0.7)
+    assert c.sampling_for(False).n == 8 and c.sampling_for(False).temperature == 0.7
+    v = c.sampling_for(True)
+    assert v.n == 1 and not v.do_sample and v.temperature == 0.0
+    assert c.on_weight_update == "finish"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"n": 0}, {"top_p": 0.0}, {"top_k": -2}, {"temperature": -1}, {"on_weight_update": "drop"},
+     {"gpu_memory_utilization": 1.5}, {"tempurature": 1.0},
+     {"prompt_length": 100, "response_length": 100, "max_model_len": 150}],
+)
+def test_bad_values_fail_loudly(bad: dict) -> None:
+    with pytest.raises(ValidationError):
+        RolloutConfig(**bad)
+
+
+def test_settings_resolve_lengths_from_data_and_overrides() -> None:
+    raw = {"model": {"path": "/m"}, "data": {"max_prompt_length": 64, "max_response_length": 32}, "rollout": {"n": 2}}
+    s = settings_from_dict(raw, ["rollout.n=5", "rollout.top_p=0.9"])
+    assert (s.rollout.prompt_length, s.rollout.response_length, s.rollout.n, s.rollout.top_p) == (64, 32, 5, 0.9)
+    assert s.model == "/m" and s.queues is None and s.weights is None
+    s2 = settings_from_dict({"model": {"path": "/m"}, "rollout": {"prompt_length": 8, "response_length": 4}})
+    assert (s2.rollout.prompt_length, s2.rollout.response_length) == (8, 4)
+    with pytest.raises(SettingsError, match="rollout.nn"):
+        settings_from_dict({"model": {"path": "/m"}, "rollout": {"nn": 2}})
+    s3 = settings_from_dict({"model": {"path": "/m"}, "queues": {"type": "redis", "url": "redis://127.0.0.1:1"}})
+    assert s3.queues.type == "redis"
+
+
+def test_load_settings_reports_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="cannot read"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_entrypoint_help_is_light_and_bad_config_exits_2(tmp_path: Path) -> None:
+    code = "import sys, rollout_svc.__main__ as m; r = m.build_parser().format_help(); " \
+           "print('torch' in sys.modules, 'vllm' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["False", "False"], r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {path: /m}\nrollout: {n: -1}\n")
+    r = subprocess.run([sys.executable, "-m", "rollout_svc", "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "rollout" in r.stderr and "n" in r.stderr
+
+
+def _manifest() -> WeightManifest:
+    return WeightManifest(shapes={"a.weight": (2, 3), "model.embed_tokens.weight": (4, 2), "lm_head.weight": (4, 2)},
+                          optional=frozenset({"lm_head.weight"}))
+
+
+def test_stage_weights_validates_everything_before_writing(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    m = _manifest()
+    good = [("a.weight", torch.ones(2, 3, dtype=torch.float64)), ("model.embed_tokens.weight", torch.zeros(4, 2))]
+    p = tmp_path / "w.safetensors"
+    assert stage_weights(iter(good), str(p), m, "float32")["tensors"] == 2
+    back = load_file(str(p))
+    assert back["a.weight"].dtype == torch.float32 and back["a.weight"].sum() == 6
+    cases = [
+        ([("nope", torch.zeros(1))], "unknown tensor"),
+        ([("a.weight", torch.zeros(3, 2))], "shape"),
+        ([("a.weight", torch.zeros(2, 3))], "lacks 1 tensors"),
+        ([("a.weight", torch.full((2, 3), float("nan"))), good[1]], "NaN"),
+        ([good[0], good[0]], "twice"),
+        ([("a.weight", torch.zeros(2, 3, dtype=torch.int64)), good[1]], "non-float"),
+        ([], "empty"),
+        (["junk"], "pairs"),
+    ]
+    for items, msg in cases:
+        q = tmp_path / f"bad-{msg[:4]}.safetensors"
+        with pytest.raises(WeightUpdateError, match=msg):
+            stage_weights(iter(items), str(q), m, "float32")
+        assert not q.exists()
+
+
+def test_manifest_from_tiny_model(tiny_model: str) -> None:
+    m = WeightManifest.from_model(tiny_model, tied=True)
+    assert m is not None and m.shapes["model.embed_tokens.weight"][1] == 128
+    assert "lm_head.weight" in m.optional
+    assert WeightManifest.from_model("Qwen/Qwen2.5-0.5B", tied=False) is None
