@@ -1,0 +1,509 @@
+"""Trainer side of the weight channel: ``WeightPublisher``.
+
+Only trainer rank 0 creates one. It serves the gRPC ``WeightService`` (control plane),
+hosts the TCPStore rendezvous of the data groups, and on ``publish(version, named_tensors)``:
+
+1. forms the data group of the ready, connected replicas (a new membership epoch when the
+   membership changed or the last transfer failed; deadline ``transfer_timeout_s``);
+2. announces BEGIN, then per bucket its plan (BUCKET) and broadcasts its bytes, packing
+   bucket k+1 while bucket k is on the wire; every wait has the deadline;
+3. sends END and waits (deadline) for every member's RECEIVED acknowledgement;
+4. hands the buckets to a background thread that writes the safetensors snapshot.
+
+On any failure the transfer is aborted (ABORT), the iterator is still drained (other
+trainer ranks gather in lockstep) and the snapshot still written; replicas that
+acknowledged the failure form the next epoch, a dead or hung one is left out. A publish
+therefore never waits on a dead replica longer than one deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import torch
+
+from services.config.weights import WeightChannelConfig
+from services.pb import weights_pb2 as pb
+from services.pb import weights_pb2_grpc as pb_grpc
+from services.weights.errors import PlanError, TransferError, VersionError
+from services.weights.group import DataGroup, GroupSpec, connect_store, device_for, resolve_backend
+from services.weights.messages import SERVER_OPTIONS, bucket_to_pb, check_replica_id, control
+from services.weights.plan import Bucket, iter_buckets
+from services.weights.snapshot import iter_file_chunks, write_snapshot
+
+log = logging.getLogger(__name__)
+K = pb.ControlKind
+
+
+@dataclass
+class PublishReport:
+    """What one ``publish`` did.
+
+    ``delivered``: replicas that acknowledged every bucket; ``failed``: members that did not
+    (dead, hung, or aborted); ``error``: why the transfer failed (None when it did not).
+    """
+
+    version: int
+    epoch: int
+    num_buckets: int
+    num_tensors: int
+    tensor_bytes: int
+    seconds: float
+    delivered: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class _Subscriber:
+    replica_id: str
+    outbox: queue.Queue
+    served_version: int = -1
+    received_version: int = -1
+    ready: bool = True
+    connected: bool = True
+    acks: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+class WeightPublisher:
+    """Publishes policy versions to every subscribed rollout replica (see module docstring)."""
+
+    def __init__(self, cfg: WeightChannelConfig, registry=None):
+        self.cfg = cfg
+        self.session = secrets.randbits(63) | 1
+        self.backend = resolve_backend(cfg.backend)
+        self.device = device_for(self.backend)
+        self._lock = threading.Condition()
+        self._publish_lock = threading.Lock()
+        self._subs: dict[str, _Subscriber] = {}
+        self._latest = -1
+        self._epoch = 0
+        self._group: DataGroup | None = None
+        self._members: list[_Subscriber] = []
+        self._snapshot: tuple[int, Path] | None = None
+        self._snap_job: tuple[int, list[Bucket]] | None = None
+        self._closed = False
+        self._server: grpc.Server | None = None
+        self._store = None
+        self._tmpdir: str | None = None
+        self._snap_dir: Path | None = None
+        self._writer: threading.Thread | None = None
+        self.control_port = 0
+        self.rendezvous_port = 0
+        self._metrics = _Metrics(registry) if registry is not None else None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "WeightPublisher":
+        """Bind the gRPC server and the rendezvous store; start the snapshot writer."""
+        cfg = self.cfg
+        self._store = connect_store(cfg.host, cfg.rendezvous_port, cfg.transfer_timeout_s, is_master=True)
+        self.rendezvous_port = self._store.port
+        if cfg.snapshot:
+            if cfg.snapshot_dir:
+                self._snap_dir = Path(cfg.snapshot_dir)
+                self._snap_dir.mkdir(parents=True, exist_ok=True)
+            else:
+                self._tmpdir = tempfile.mkdtemp(prefix="meshrl-weights-")
+                self._snap_dir = Path(self._tmpdir)
+            self._writer = threading.Thread(target=self._write_loop, name="weights-snapshot", daemon=True)
+            self._writer.start()
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.max_replicas + 16, thread_name_prefix="weights-grpc"),
+            options=SERVER_OPTIONS,
+        )
+        pb_grpc.add_WeightServiceServicer_to_server(_Servicer(self), server)
+        port = server.add_insecure_port(f"{cfg.host}:{cfg.control_port}")
+        if port == 0:
+            raise OSError(f"cannot bind the weight channel's gRPC server to {cfg.host}:{cfg.control_port}")
+        server.start()
+        self._server, self.control_port = server, port
+        return self
+
+    @property
+    def control_address(self) -> str:
+        """``host:port`` replicas subscribe to."""
+        return f"{self.cfg.rendezvous_host}:{self.control_port}"
+
+    def close(self) -> None:
+        """Stop serving: end every subscription, drop the group, remove a private snapshot dir."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            subs = list(self._subs.values())
+            self._lock.notify_all()
+        for s in subs:
+            s.outbox.put(None)
+        if self._group is not None:
+            self._group.close()
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(5.0)
+        if self._writer is not None:
+            self._writer.join(timeout=30.0)
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    def __enter__(self) -> "WeightPublisher":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ publishing
+    @property
+    def latest_version(self) -> int:
+        """Newest published version (-1 before the first publish)."""
+        return self._latest
+
+    def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PublishReport:
+        """Publish ``version`` (> every earlier one) to every ready replica; see module docstring.
+
+        ``named_tensors`` is consumed lazily, once, in full (even when the transfer fails).
+        Raises ``VersionError`` for a version that does not go forward, ``PlanError`` for a
+        bad tensor (the transfer is aborted and the version not published). Transfer
+        failures do not raise: they are in the returned report.
+        """
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise VersionError(f"policy version must be a non-negative int, got {version!r}")
+        with self._publish_lock:
+            if self._closed or self._server is None:
+                raise TransferError("publisher is not started (or closed)")
+            if version <= self._latest:
+                raise VersionError(f"policy version must go forward: got {version} after {self._latest}")
+            t0 = time.monotonic()
+            error = self._ensure_group()
+            group, members = self._group, list(self._members)
+            epoch = self._epoch
+            if group is not None:
+                with self._lock:
+                    for s in members:
+                        s.ready = False
+                self._send(members, control(K.CONTROL_KIND_BEGIN, self.session, epoch, version,
+                                            begin=pb.Begin(bucket_bytes=self.cfg.bucket_bytes)))
+            keep: list[Bucket] = []
+            pending = None
+            nb = nt = tb = 0
+            try:
+                for bucket in iter_buckets(named_tensors, self.cfg.bucket_bytes, self.device):
+                    nb, nt, tb = nb + 1, nt + len(bucket.specs), tb + sum(s.nbytes for s in bucket.specs)
+                    if group is not None and error is None:
+                        self._send(members, control(K.CONTROL_KIND_BUCKET, self.session, epoch, version,
+                                                    bucket=bucket_to_pb(bucket)))
+                        try:
+                            if pending is not None:
+                                pending.wait()
+                                pending = None
+                            if bucket.nbytes:
+                                pending = group.post(bucket.buffer)
+                        except TransferError as e:
+                            error, pending = f"bucket {bucket.index}: {e}", None
+                    if self.cfg.snapshot:
+                        keep.append(bucket if bucket.buffer.device.type == "cpu" else _to_cpu(bucket))
+                if pending is not None:
+                    try:
+                        pending.wait()
+                    except TransferError as e:
+                        error = f"bucket {nb - 1}: {e}"
+            except PlanError as e:
+                if group is not None:
+                    self._fail_group(members, epoch, version, f"publisher error: {e}")
+                raise
+            if nb == 0:
+                if group is not None:
+                    self._fail_group(members, epoch, version, "publish() got no tensors")
+                raise PlanError(f"publish({version}) got no tensors")
+            delivered: list[str] = []
+            failed: list[str] = []
+            if group is not None and error is None:
+                self._send(members, control(K.CONTROL_KIND_END, self.session, epoch, version,
+                                            end=pb.End(num_buckets=nb, num_tensors=nt, tensor_bytes=tb)))
+                delivered, failed = self._wait_acks(members, epoch, version)
+                if failed:
+                    error = f"no RECEIVED acknowledgement from {failed}"
+                    self._fail_group(members, epoch, version, error, send=False)
+            elif group is not None:
+                failed = [s.replica_id for s in members]
+                self._fail_group(members, epoch, version, error or "transfer failed")
+            self._latest = version
+            if self.cfg.snapshot:
+                with self._lock:
+                    self._snap_job = (version, keep)
+                    self._lock.notify_all()
+            report = PublishReport(version, epoch, nb, nt, tb, time.monotonic() - t0, delivered, failed, error)
+            if self._metrics is not None:
+                self._metrics.published(report)
+            if error:
+                log.warning("weights v%d: transfer failed (%s); %d replica(s) left out", version, error, len(failed))
+            return report
+
+    def _send(self, members: list[_Subscriber], msg: pb.ControlMessage) -> None:
+        for s in members:
+            s.outbox.put(msg)
+
+    def _fail_group(self, members: list[_Subscriber], epoch: int, version: int, reason: str, send: bool = True) -> None:
+        """Abort the current epoch: members drop it, the next publish forms a new one."""
+        if send:
+            self._send(members, control(K.CONTROL_KIND_ABORT, self.session, epoch, version, abort=pb.Abort(reason=reason)))
+        if self._group is not None:
+            self._group.close()
+        self._group, self._members = None, []
+
+    def _ensure_group(self) -> str | None:
+        """Make ``self._group`` the group of the ready replicas; return an error text on failure."""
+        with self._lock:
+            candidates = sorted(
+                (s for s in self._subs.values() if s.connected and s.ready), key=lambda s: s.replica_id
+            )
+            if self._group is not None and candidates == self._members and not self._group.aborted:
+                return None
+            if self._group is not None:
+                self._group.close()
+            self._group, self._members = None, []
+            if not candidates:
+                return None
+            self._epoch += 1
+            epoch = self._epoch
+            for s in candidates:
+                s.ready = False
+        spec = GroupSpec(
+            store_host=self.cfg.rendezvous_host,
+            store_port=self.rendezvous_port,
+            store_prefix=f"meshrl/weights/{self.session:x}/epoch{epoch}/",
+            rank=0,
+            world_size=len(candidates) + 1,
+            backend=self.backend,
+            timeout_s=self.cfg.transfer_timeout_s,
+        )
+        for rank, s in enumerate(candidates, start=1):
+            join = pb.Join(rank=rank, world_size=spec.world_size, store_host=spec.store_host,
+                           store_port=spec.store_port, store_prefix=spec.store_prefix,
+                           backend=spec.backend, timeout_s=spec.timeout_s)
+            s.outbox.put(control(K.CONTROL_KIND_JOIN, self.session, epoch, -1, join=join))
+        try:
+            group = DataGroup(spec, self._store, self.cfg.gloo_interface, self.cfg.gloo_threads)
+        except TransferError as e:
+            self._send(candidates, control(K.CONTROL_KIND_ABORT, self.session, epoch, -1,
+                                           abort=pb.Abort(reason=str(e))))
+            return f"epoch {epoch}: {e}"
+        self._group, self._members = group, candidates
+        return None
+
+    def _wait_acks(self, members: list[_Subscriber], epoch: int, version: int) -> tuple[list[str], list[str]]:
+        deadline = time.monotonic() + self.cfg.transfer_timeout_s
+        key = (epoch, version)
+        with self._lock:
+            while True:
+                missing = [s for s in members if s.connected and key not in s.acks]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0 or self._closed:
+                    break
+                self._lock.wait(left)
+            ok = [s.replica_id for s in members if s.acks.get(key) == pb.ACK_STATUS_RECEIVED]
+            bad = [s.replica_id for s in members if s.acks.get(key) != pb.ACK_STATUS_RECEIVED]
+        return ok, bad
+
+    # ------------------------------------------------------------------ replicas & snapshots
+    def replicas(self) -> dict[str, pb.ReplicaStatus]:
+        """The connected replicas, by id."""
+        with self._lock:
+            return {
+                s.replica_id: pb.ReplicaStatus(replica_id=s.replica_id, served_version=s.served_version,
+                                               received_version=s.received_version, ready=s.ready)
+                for s in self._subs.values()
+                if s.connected
+            }
+
+    def wait_for_replicas(self, count: int, timeout: float, served_version: int | None = None) -> bool:
+        """Wait until ``count`` replicas are connected (and serve >= ``served_version``)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                subs = [s for s in self._subs.values() if s.connected]
+                if served_version is not None:
+                    subs = [s for s in subs if s.served_version >= served_version]
+                if len(subs) >= count:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return False
+                self._lock.wait(left)
+
+    @property
+    def snapshot_version(self) -> int:
+        """Version of the snapshot being served (-1 when none yet)."""
+        snap = self._snapshot
+        return snap[0] if snap else -1
+
+    def wait_for_snapshot(self, version: int, timeout: float) -> bool:
+        """Wait until the snapshot of ``version`` (or newer) is written."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self.snapshot_version < version:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return False
+                self._lock.wait(left)
+            return True
+
+    def _write_loop(self) -> None:
+        """Background writer: always writes the newest pending version, skipping older ones."""
+        while True:
+            with self._lock:
+                while self._snap_job is None and not self._closed:
+                    self._lock.wait()
+                if self._snap_job is None:
+                    return
+                version, buckets = self._snap_job
+                self._snap_job = None
+            path = self._snap_dir / f"weights-v{version}.safetensors"  # type: ignore[operator]
+            try:
+                write_snapshot(path, version, buckets)
+            except OSError as e:
+                log.error("writing the snapshot of v%d to %s failed: %s", version, path, e)
+                continue
+            del buckets
+            with self._lock:
+                old = self._snapshot
+                self._snapshot = (version, path)
+                self._lock.notify_all()
+            if old is not None and old[1] != path:
+                old[1].unlink(missing_ok=True)  # readers that opened it keep their file handle
+
+    # ------------------------------------------------------------------ servicer hooks
+    def _subscribe(self, replica_id: str, served_version: int) -> _Subscriber:
+        with self._lock:
+            if self._closed:
+                raise TransferError("publisher closed")
+            old = self._subs.get(replica_id)
+            if old is None and len(self._subs) >= self.cfg.max_replicas:
+                raise TransferError(f"max_replicas={self.cfg.max_replicas} replicas already subscribed")
+            sub = _Subscriber(replica_id, queue.Queue(), served_version=served_version)
+            self._subs[replica_id] = sub
+            self._lock.notify_all()
+        if old is not None:
+            old.connected = False
+            old.outbox.put(None)
+        if self._metrics is not None:
+            self._metrics.served(replica_id, served_version)
+        return sub
+
+    def _unsubscribe(self, sub: _Subscriber) -> None:
+        with self._lock:
+            sub.connected = False
+            if self._subs.get(sub.replica_id) is sub:
+                del self._subs[sub.replica_id]
+            self._lock.notify_all()
+        sub.outbox.put(None)
+
+    def _ack(self, req: pb.AckRequest) -> bool:
+        with self._lock:
+            sub = self._subs.get(req.replica_id)
+            if sub is None:
+                return False
+            if req.status == pb.ACK_STATUS_LOADED:
+                sub.served_version = max(sub.served_version, req.policy_version)
+            elif req.session == self.session:
+                sub.acks[(req.epoch, req.policy_version)] = req.status
+                if len(sub.acks) > 64:  # keep the recent ones only
+                    for k in sorted(sub.acks)[:-32]:
+                        del sub.acks[k]
+                if req.status == pb.ACK_STATUS_RECEIVED:
+                    sub.received_version = max(sub.received_version, req.policy_version)
+                if req.epoch == self._epoch or req.status == pb.ACK_STATUS_RECEIVED:
+                    sub.ready = True
+            self._lock.notify_all()
+        if self._metrics is not None and req.status == pb.ACK_STATUS_LOADED:
+            self._metrics.served(req.replica_id, req.policy_version)
+        return True
+
+    def _status(self) -> pb.StatusReply:
+        return pb.StatusReply(session=self.session, latest_version=self._latest, snapshot_version=self.snapshot_version,
+                              epoch=self._epoch, replicas=list(self.replicas().values()))
+
+
+def _to_cpu(b: Bucket) -> Bucket:
+    return Bucket(index=b.index, nbytes=b.nbytes, specs=b.specs, buffer=b.buffer.to("cpu"))  # type: ignore[union-attr]
+
+
+class _Servicer(pb_grpc.WeightServiceServicer):
+    """gRPC handlers; all state lives in the publisher."""
+
+    def __init__(self, pub: WeightPublisher):
+        self.pub = pub
+
+    def Subscribe(self, request, context):  # noqa: N802 (gRPC naming)
+        try:
+            rid = check_replica_id(request.replica_id)
+            sub = self.pub._subscribe(rid, request.served_version)
+        except (ValueError, TransferError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, ValueError) else grpc.StatusCode.UNAVAILABLE, str(e))
+        context.add_callback(lambda: self.pub._unsubscribe(sub))
+        yield control(K.CONTROL_KIND_WELCOME, self.pub.session, 0, -1,
+                      welcome=pb.Welcome(latest_version=self.pub.latest_version,
+                                         snapshot_version=self.pub.snapshot_version))
+        while True:
+            try:
+                msg = sub.outbox.get(timeout=1.0)
+            except queue.Empty:
+                if not context.is_active() or not sub.connected:
+                    return
+                continue
+            if msg is None:
+                return
+            yield msg
+
+    def Ack(self, request, context):  # noqa: N802
+        if request.status not in (pb.ACK_STATUS_RECEIVED, pb.ACK_STATUS_FAILED, pb.ACK_STATUS_LOADED):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Ack with status {request.status}")
+        return pb.AckReply(known=self.pub._ack(request))
+
+    def FetchSnapshot(self, request, context):  # noqa: N802
+        snap = self.pub._snapshot
+        if snap is None or snap[0] < request.min_version:
+            have = snap[0] if snap else -1
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no snapshot >= v{request.min_version} (have v{have})")
+        version, path = snap
+        try:
+            for total, offset, data in iter_file_chunks(path, self.pub.cfg.snapshot_chunk_kb << 10):
+                yield pb.SnapshotChunk(policy_version=version, total_bytes=total, offset=offset, data=data)
+        except FileNotFoundError:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"snapshot v{version} was replaced; retry")
+
+    def Status(self, request, context):  # noqa: N802
+        return self.pub._status()
+
+
+class _Metrics:
+    """Prometheus metrics of the publisher (registered in the caller's registry)."""
+
+    def __init__(self, registry):
+        from prometheus_client import Counter, Gauge
+
+        self.version = Gauge("meshrl_weights_published_version", "newest published policy version", registry=registry)
+        self.bytes = Counter("meshrl_weights_published_bytes_total", "tensor bytes published", registry=registry)
+        self.seconds = Gauge("meshrl_weights_publish_seconds", "duration of the last publish", registry=registry)
+        self.failures = Counter("meshrl_weights_transfer_failures_total", "publishes whose transfer failed",
+                                registry=registry)
+        self.served_version = Gauge("meshrl_weights_replica_served_version", "policy version a replica serves",
+                                    ["replica"], registry=registry)
+
+    def published(self, r: PublishReport) -> None:
+        self.version.set(r.version)
+        self.bytes.inc(r.tensor_bytes)
+        self.seconds.set(r.seconds)
+        if r.error:
+            self.failures.inc()
+
+    def served(self, replica: str, version: int) -> None:
+        self.served_version.labels(replica=replica).set(version)

@@ -1,0 +1,421 @@
+"""Replica side of the weight channel: ``WeightReceiver``.
+
+A replica subscribes to the publisher's ``WeightService`` and keeps two threads:
+
+* the *reader* follows the control stream (reconnecting for ``connect_timeout_s`` when it
+  breaks) and aborts the current group at once on ABORT;
+* the *worker* acts on each message in order: JOIN forms the epoch's data group, BEGIN
+  starts an :class:`Update`, each BUCKET is received by broadcast (deadline on every one)
+  into a fresh buffer and queued on the update, END completes it and acknowledges RECEIVED.
+
+The consumer (the rollout loop) calls ``wait_for_update(timeout)`` and iterates
+``update.tensors()`` while buckets arrive; when a transfer fails, iteration raises
+``TransferError`` and the replica catches up with ``fetch_snapshot()`` (or the next
+version). ``report_loaded(version)`` tells the publisher which version it serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from services.config.weights import WeightChannelConfig
+from services.pb import weights_pb2 as pb
+from services.pb import weights_pb2_grpc as pb_grpc
+from services.weights.errors import (
+    PlanError,
+    SnapshotError,
+    TransferError,
+    VersionError,
+    WeightChannelError,
+)
+from services.weights.group import DataGroup, GroupSpec, connect_store
+from services.weights.messages import CLIENT_OPTIONS, bucket_from_pb, check_control, check_replica_id
+from services.weights.plan import Bucket
+from services.weights.snapshot import parse_safetensors
+
+log = logging.getLogger(__name__)
+K = pb.ControlKind
+_END = object()
+
+
+class Update:
+    """One policy version arriving bucket by bucket.
+
+    ``tensors()`` yields ``(name, tensor)`` views into each received bucket (valid as long as
+    the caller keeps them); it blocks until the next bucket arrives and raises
+    ``TransferError`` if the transfer failed. It can be iterated once.
+    """
+
+    def __init__(self, version: int, epoch: int, max_ahead: int, timeout_s: float):
+        self.version = version
+        self.epoch = epoch
+        self._q: queue.Queue = queue.Queue(maxsize=max_ahead)
+        self._timeout_s = timeout_s
+        self._consumed = False
+        self.error: str | None = None
+
+    def buckets(self) -> Iterator[Bucket]:
+        """Yield the received buckets in order (each with its ``buffer``)."""
+        if self._consumed:
+            raise WeightChannelError(f"update v{self.version} was already iterated")
+        self._consumed = True
+        while True:
+            try:
+                item = self._q.get(timeout=self._timeout_s)
+            except queue.Empty:
+                raise TransferError(f"v{self.version}: no bucket within {self._timeout_s:g}s") from None
+            if item is _END:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(name, tensor)`` of every bucket, in the publisher's order."""
+        for b in self.buckets():
+            yield from b.tensors()
+
+    # worker side
+    def _put(self, item: object) -> None:
+        self._q.put(item, timeout=self._timeout_s)
+
+    def _fail(self, reason: str) -> None:
+        if self.error is None:
+            self.error = reason
+            try:
+                self._q.put_nowait(TransferError(f"v{self.version} transfer failed: {reason}"))
+            except queue.Full:  # the consumer stopped reading; it will time out
+                pass
+
+
+@dataclass
+class Snapshot:
+    """A fetched snapshot: ``version`` and its tensors (views of one received buffer)."""
+
+    version: int
+    named_tensors: list[tuple[str, torch.Tensor]]
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.named_tensors)
+
+
+class WeightReceiver:
+    """Receives policy versions for one replica (see module docstring)."""
+
+    def __init__(self, cfg: WeightChannelConfig, replica_id: str, address: str | None = None, served_version: int = -1):
+        self.cfg = cfg
+        self.replica_id = check_replica_id(replica_id)
+        self.address = address or f"{cfg.host}:{cfg.control_port}"
+        self._served = served_version
+        self._cond = threading.Condition()
+        self._msgs: queue.Queue = queue.Queue()
+        self._pending: Update | None = None
+        self._current: Update | None = None
+        self._fatal: WeightChannelError | None = None
+        self._closed = threading.Event()
+        self._welcomed = threading.Event()
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.WeightServiceStub | None = None
+        self._call = None
+        self._session = 0
+        self._epoch = 0
+        self._group: DataGroup | None = None
+        self._store = None
+        self._store_addr: tuple[str, int] | None = None
+        self._last_begun = -1
+        self._next_bucket = 0
+        self._totals = [0, 0]
+        self.latest_version = -1
+        self.snapshot_version = -1
+        self.received_version = -1
+        self.dropped_updates = 0
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def connect(self, timeout: float | None = None) -> "WeightReceiver":
+        """Subscribe; returns once the publisher's WELCOME arrived (``TransferError`` otherwise)."""
+        timeout = self.cfg.connect_timeout_s if timeout is None else timeout
+        self._channel = grpc.insecure_channel(self.address, options=CLIENT_OPTIONS)
+        self._stub = pb_grpc.WeightServiceStub(self._channel)
+        for target, name in ((self._read_loop, "reader"), (self._work_loop, "worker")):
+            t = threading.Thread(target=target, name=f"weights-{name}-{self.replica_id}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        if not self._welcomed.wait(timeout):
+            self.close()
+            raise TransferError(f"no WELCOME from the weight publisher at {self.address} within {timeout:g}s")
+        return self
+
+    def close(self) -> None:
+        """Unsubscribe and stop both threads."""
+        self._closed.set()
+        if self._call is not None:
+            self._call.cancel()
+        if self._group is not None:
+            self._group.abort("receiver closed")
+        self._msgs.put(None)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5.0)
+        if self._channel is not None:
+            self._channel.close()
+        with self._cond:
+            self._cond.notify_all()
+
+    def __enter__(self) -> "WeightReceiver":
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ consumer API
+    @property
+    def served_version(self) -> int:
+        return self._served
+
+    def wait_for_update(self, timeout: float | None) -> Update | None:
+        """The newest update not yet handed out, waiting up to ``timeout`` s (None = forever).
+
+        Older updates nobody took are dropped (each version is complete weights). Raises the
+        receiver's fatal error (e.g. ``VersionError``, a lost publisher) once it has one.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._pending is None:
+                if self._fatal is not None:
+                    err = self._fatal
+                    if isinstance(err, VersionError):  # reported once; the receiver goes on
+                        self._fatal = None
+                    raise err
+                if self._closed.is_set():
+                    raise WeightChannelError("receiver is closed")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+            update, self._pending = self._pending, None
+            return update
+
+    def report_loaded(self, version: int) -> None:
+        """Tell the publisher this replica now serves ``version`` (never going backwards)."""
+        if version < self._served:
+            raise VersionError(f"report_loaded({version}) after already serving v{self._served}")
+        self._served = version
+        self._ack(pb.ACK_STATUS_LOADED, 0, version)
+
+    def fetch_snapshot(self, min_version: int = -1, timeout: float | None = None) -> Snapshot | None:
+        """Download the publisher's latest snapshot (None when it has none >= ``min_version``).
+
+        Raises ``SnapshotError`` for a broken stream or invalid bytes.
+        """
+        if self._stub is None:
+            raise WeightChannelError("connect() first")
+        timeout = self.cfg.transfer_timeout_s if timeout is None else timeout
+        req = pb.SnapshotRequest(replica_id=self.replica_id, min_version=min_version)
+        buf: bytearray | None = None
+        version = total = pos = -1
+        try:
+            for chunk in self._stub.FetchSnapshot(req, timeout=timeout):
+                if buf is None:
+                    version, total, pos = chunk.policy_version, chunk.total_bytes, 0
+                    buf = bytearray(total)
+                if chunk.policy_version != version or chunk.total_bytes != total or chunk.offset != pos:
+                    raise SnapshotError(f"snapshot chunk out of order: v{chunk.policy_version} at {chunk.offset}, "
+                                        f"expected v{version} at {pos} of {total}")
+                end = pos + len(chunk.data)
+                if end > total or not chunk.data:
+                    raise SnapshotError(f"snapshot chunk at {pos} with {len(chunk.data)} bytes overruns {total}")
+                buf[pos:end] = chunk.data
+                pos = end
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise SnapshotError(f"fetching the snapshot failed: {e.code().name}: {e.details()}") from e
+        if buf is None or pos != total:
+            raise SnapshotError(f"snapshot stream ended at {pos} of {total} bytes")
+        file_version, tensors = parse_safetensors(buf)
+        if file_version is not None and file_version != version:
+            raise SnapshotError(f"snapshot file says v{file_version}, the stream said v{version}")
+        return Snapshot(version, tensors)
+
+    # ------------------------------------------------------------------ threads
+    def _ack(self, status: int, epoch: int, version: int, message: str = "") -> None:
+        if self._stub is None or self._closed.is_set():
+            return
+        req = pb.AckRequest(replica_id=self.replica_id, session=self._session if status != pb.ACK_STATUS_LOADED else 0,
+                            epoch=epoch, policy_version=version, status=status, message=message[:2000])
+        try:
+            self._stub.Ack(req, timeout=self.cfg.transfer_timeout_s)
+        except grpc.RpcError as e:
+            log.warning("%s: Ack(%s v%d) failed: %s", self.replica_id, pb.AckStatus.Name(status), version, e.code())
+
+    def _set_fatal(self, err: WeightChannelError) -> None:
+        with self._cond:
+            if self._fatal is None:
+                self._fatal = err
+            self._cond.notify_all()
+
+    def _read_loop(self) -> None:
+        broken_since: float | None = None
+        while not self._closed.is_set():
+            req = pb.SubscribeRequest(replica_id=self.replica_id, served_version=self._served)
+            try:
+                self._call = self._stub.Subscribe(req)  # type: ignore[union-attr]
+                for msg in self._call:
+                    broken_since = None
+                    if msg.kind == K.CONTROL_KIND_ABORT and self._group is not None and msg.epoch == self._epoch \
+                            and msg.session == self._session:
+                        self._group.abort(msg.abort.reason or "aborted by the publisher")
+                    self._msgs.put(msg)
+            except grpc.RpcError as e:
+                if self._closed.is_set():
+                    return
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    self._set_fatal(WeightChannelError(f"publisher refused the subscription: {e.details()}"))
+                    return
+            if self._closed.is_set():
+                return
+            # The stream broke: the publisher restarted or the network failed. Drop the group.
+            if self._group is not None:
+                self._group.abort("control stream lost")
+            broken_since = broken_since or time.monotonic()
+            if time.monotonic() - broken_since > self.cfg.connect_timeout_s:
+                self._set_fatal(TransferError(f"lost the weight publisher at {self.address} for "
+                                              f"{self.cfg.connect_timeout_s:g}s"))
+                return
+            self._closed.wait(0.5)
+
+    def _work_loop(self) -> None:
+        while True:
+            msg = self._msgs.get()
+            if msg is None or self._closed.is_set():
+                break
+            try:
+                self._handle(msg)
+            except WeightChannelError as e:
+                log.error("%s: %s", self.replica_id, e)
+                if isinstance(e, VersionError):
+                    self._set_fatal(e)
+                self._fail_current(str(e))
+        if self._group is not None:
+            self._group.close()
+        self._fail_current("receiver closed")
+
+    def _fail_current(self, reason: str, ack: bool = True) -> None:
+        u, self._current = self._current, None
+        if u is not None:
+            u._fail(reason)
+            if ack:
+                self._ack(pb.ACK_STATUS_FAILED, u.epoch, u.version, reason)
+
+    def _handle(self, msg: pb.ControlMessage) -> None:
+        kind = check_control(msg)
+        if kind == "welcome":
+            if msg.session != self._session:  # a (new) publisher: epochs start over
+                self._session, self._epoch = msg.session, 0
+                self._drop_group()
+                self._fail_current("publisher changed", ack=False)
+            self.latest_version = msg.welcome.latest_version
+            self.snapshot_version = msg.welcome.snapshot_version
+            self._welcomed.set()
+            return
+        if msg.session != self._session:
+            return  # left over from an earlier publisher
+        if kind == "join":
+            if msg.epoch <= self._epoch:
+                raise VersionError(f"JOIN of epoch {msg.epoch} after epoch {self._epoch}")
+            self._fail_current(f"superseded by epoch {msg.epoch}")
+            self._drop_group()
+            self._epoch = msg.epoch
+            self._join(msg)
+            return
+        if msg.epoch != self._epoch:
+            return  # an old epoch's message
+        if kind == "abort":
+            self._fail_current(msg.abort.reason or "aborted by the publisher")
+            self._drop_group()
+            return
+        if kind == "begin":
+            self._begin(msg)
+        elif kind == "bucket":
+            self._bucket(msg)
+        elif kind == "end":
+            self._end(msg)
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+    def _join(self, msg: pb.ControlMessage) -> None:
+        j = msg.join
+        spec = GroupSpec(j.store_host, j.store_port, j.store_prefix, j.rank, j.world_size, j.backend, j.timeout_s)
+        try:
+            if self._store_addr != (j.store_host, j.store_port):
+                self._store = connect_store(j.store_host, j.store_port, j.timeout_s)
+                self._store_addr = (j.store_host, j.store_port)
+            self._group = DataGroup(spec, self._store, self.cfg.gloo_interface, self.cfg.gloo_threads)
+        except TransferError as e:
+            self._group = None
+            self._ack(pb.ACK_STATUS_FAILED, msg.epoch, -1, str(e))
+
+    def _begin(self, msg: pb.ControlMessage) -> None:
+        self._fail_current("a new version began")
+        if msg.policy_version <= self._last_begun:
+            self._ack(pb.ACK_STATUS_FAILED, msg.epoch, msg.policy_version, "version went backwards")
+            raise VersionError(f"publisher announced v{msg.policy_version} after v{self._last_begun}")
+        self._last_begun = msg.policy_version
+        self.latest_version = max(self.latest_version, msg.policy_version)
+        u = Update(msg.policy_version, msg.epoch, self.cfg.receive_ahead_buckets, self.cfg.transfer_timeout_s)
+        self._next_bucket, self._totals = 0, [0, 0]
+        if self._group is None:
+            u._fail("not part of the data group")
+            self._ack(pb.ACK_STATUS_FAILED, msg.epoch, msg.policy_version, "not part of the data group")
+            return
+        self._current = u
+        with self._cond:
+            if self._pending is not None:
+                self.dropped_updates += 1
+            self._pending = u
+            self._cond.notify_all()
+
+    def _bucket(self, msg: pb.ControlMessage) -> None:
+        u = self._current
+        if u is None or u.version != msg.policy_version or self._group is None:
+            return  # this version already failed here
+        if msg.bucket.index != self._next_bucket:
+            raise PlanError(f"v{u.version}: bucket {msg.bucket.index} arrived, expected {self._next_bucket}")
+        bucket = bucket_from_pb(msg.bucket)
+        bucket.buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self._group.device)
+        if bucket.nbytes:
+            self._group.broadcast(bucket.buffer)  # TransferError -> _work_loop fails the update
+        self._next_bucket += 1
+        self._totals[0] += len(bucket.specs)
+        self._totals[1] += sum(s.nbytes for s in bucket.specs)
+        try:
+            u._put(bucket)
+        except queue.Full:
+            raise TransferError(f"the consumer did not take bucket {bucket.index} within "
+                                f"{self.cfg.transfer_timeout_s:g}s") from None
+
+    def _end(self, msg: pb.ControlMessage) -> None:
+        u = self._current
+        if u is None or u.version != msg.policy_version:
+            return
+        e = msg.end
+        if (e.num_buckets, e.num_tensors, e.tensor_bytes) != (self._next_bucket, *self._totals):
+            raise PlanError(f"v{u.version}: END says {e.num_buckets} buckets / {e.num_tensors} tensors / "
+                            f"{e.tensor_bytes} bytes, received {self._next_bucket} / {self._totals[0]} / "
+                            f"{self._totals[1]}")
+        u._put(_END)
+        self._current = None
+        self.received_version = u.version
+        self._ack(pb.ACK_STATUS_RECEIVED, u.epoch, u.version)
