@@ -353,7 +353,8 @@ class DataProto(DataProtoOpsMixin):
         evenly.  With padding enabled, parts take ``ceil(len/chunks)`` rows each (torch.chunk
         sizes, the last shorter) — or balanced sizes when that would yield fewer parts.
         """
-        require(isinstance(chunks, int) and chunks > 0, f"chunks must be a positive int, got {chunks!r}")
+        require(isinstance(chunks, (int, np.integer)) and chunks > 0, f"chunks must be a positive int, got {chunks!r}")
+        chunks = int(chunks)
         n = len(self)
         if not self.is_padding_enabled():
             require(n % chunks == 0, f"only support equal chunk. Got size of DataProto {n} and chunk {chunks}.")
@@ -367,7 +368,8 @@ class DataProto(DataProtoOpsMixin):
 
     def split(self, split_size: int) -> list["DataProto"]:
         """Consecutive parts of ``split_size`` rows (the last may be shorter)."""
-        require(isinstance(split_size, int) and split_size > 0, f"split_size must be a positive int, got {split_size!r}")
+        require(isinstance(split_size, (int, np.integer)) and split_size > 0, f"split_size must be a positive int, got {split_size!r}")
+        split_size = int(split_size)
         return [self.slice(i, i + split_size) for i in range(0, len(self), split_size)]
 
     @staticmethod
@@ -383,6 +385,11 @@ class DataProto(DataProtoOpsMixin):
             return DataProto()
         has_batch = [d.batch is not None for d in data]
         require(all(has_batch) or not any(has_batch), "cannot concat DataProtos with and without a tensor batch")
+        if has_batch[0]:
+            first = set(data[0].batch.keys(include_nested=True, leaves_only=True))
+            for d in data[1:]:
+                other = set(d.batch.keys(include_nested=True, leaves_only=True))
+                require(other == first, f"batch keys differ: {sorted(map(str, first))} vs {sorted(map(str, other))}")
         batch = torch.cat([d.batch for d in data], dim=0) if has_batch[0] else None
         keys = list(data[0].non_tensor_batch)
         for d in data[1:]:

@@ -318,6 +318,8 @@ def test_concat_refuses_mismatched_columns():
         DataProto.concat([a, DataProto.from_dict({"obs": torch.tensor([1])}, {"other": ["z"]})])
     with pytest.raises(DataProtoError):
         DataProto.concat([a, DataProto.from_dict(non_tensors={"labels": ["z"]})])
+    with pytest.raises(DataProtoError, match="batch keys differ"):
+        DataProto.concat([a, DataProto.from_dict({"act": torch.tensor([1])}, {"labels": ["z"]})])
     assert len(DataProto.concat([])) == 0
 
 
