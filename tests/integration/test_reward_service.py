@@ -1,0 +1,211 @@
+"""The reward service end to end: real redis-server, real gRPC, real HTTP probes, real CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+import yaml
+
+from reward_svc.decode import load_decoder
+from reward_svc.service import RewardServer
+from services import wire
+from services.config.queues import RedisQueueConfig
+from services.config.reward import RewardConfig
+from services.queues import make_queue
+from tests.unit.reward_common import last_valid_index, make_group, write_tokenizer
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    return write_tokenizer(tmp_path_factory.mktemp("reward_svc_tok"))
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def drain(q, want: int, timeout: float = 20.0):
+    """Lease and ack ``want`` items from ``q`` (fail if they do not come in time)."""
+    got = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while len(got) < want and loop.time() < end:
+        items = await q.get(want - len(got), 0.5)
+        await q.ack(items)
+        got += items
+    assert len(got) == want, f"got {len(got)} of {want} items"
+    return got
+
+
+async def test_queue_path_scores_drops_malformed_and_acks(redis_server, tok_dir):
+    qcfg = RedisQueueConfig(url=redis_server.url, namespace="rw1")
+    server = await RewardServer(RewardConfig(get_timeout_s=0.2), load_decoder(tok_dir), queue_cfg=qcfg, consumer="r0").start()
+    producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
+    trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="trainer-0")
+    try:
+        g1 = make_group(tok_dir, ["#### 3", "#### 4", "so 3"], ["3"] * 3, uid="u1")
+        bad = make_group(tok_dir, ["#### 3"], ["3"], uid="bad")
+        bad.non_tensor_batch.pop("reward_model")
+        g2 = make_group(tok_dir, ["12+7=19", "19", "18"], ["19"] * 3, "meshrl/arith", uid="u2")
+        await producer.put([g1, bad, g2])
+        n = 0
+        while n < 3:
+            n += await server.step()
+        got = await drain(trainer, 2)
+        by_uid = {it.data.non_tensor_batch["uid"][0]: it.data for it in got}
+        assert set(by_uid) == {"u1", "u2"}
+        for uid, want in (("u1", [1.0, 0.0, 0.0]), ("u2", [1.0, 1.0, 0.0])):
+            d = by_uid[uid]
+            tls = d.batch["token_level_scores"]
+            last = last_valid_index(d)
+            assert [tls[i, last[i]].item() for i in range(3)] == want
+            assert tls.sum().item() == sum(want)
+            assert list(d.non_tensor_batch["sample_id"]) == [f"{uid}/{i}" for i in range(3)]
+        assert await producer.depth() == 0  # scored groups acked, the malformed one dropped
+        status, text = http_get(server.http.port, "/metrics")
+        assert status == 200
+        assert metric(text, "meshrl_reward_samples_total") == 6.0
+        assert 'meshrl_reward_malformed_total{path="queue"} 1.0' in text
+        assert 'meshrl_reward_score_mean{data_source="meshrl/arith"} 0.666' in text
+        assert http_get(server.http.port, "/ready")[0] == 200
+        assert http_get(server.http.port, "/health")[0] == 200
+    finally:
+        for q in (producer, trainer):
+            await q.close()
+        await server.stop()
+
+
+async def test_input_acked_only_after_output_put(redis_server, tok_dir):
+    """A full output stream: the put fails, the input stays leased, and is scored later."""
+    qcfg = RedisQueueConfig(url=redis_server.url, namespace="rw2", max_depth=1, put_timeout_s=0.3, lease_idle_s=0.5)
+    cfg = RewardConfig(get_timeout_s=0.2, grpc_port=None)
+    server = await RewardServer(cfg, load_decoder(tok_dir), queue_cfg=qcfg, consumer="r0").start()
+    producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
+    trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="trainer-0")
+    try:
+        await trainer.put([make_group(tok_dir, ["x"], ["1"], uid="blocker")])  # experience is full
+        await producer.put([make_group(tok_dir, ["#### 1"], ["1"], uid="u1")])
+        assert await server.step() == 1
+        assert metric(http_get(server.http.port, "/metrics")[1], "meshrl_reward_put_failures_total") == 1.0
+        assert await producer.depth() == 1  # not acked: nothing lost
+        await drain(trainer, 1)  # the trainer makes room
+        for _ in range(40):
+            await server.step()  # reclaims the idle lease after lease_idle_s
+            if await producer.depth() == 0:
+                break
+        got = await drain(trainer, 1)
+        assert got[0].data.non_tensor_batch["uid"][0] == "u1"
+        assert got[0].data.batch["token_level_scores"].sum().item() == 1.0
+    finally:
+        for q in (producer, trainer):
+            await q.close()
+        await server.stop()
+
+
+async def test_grpc_score_and_malformed_frames(tok_dir):
+    from services.pb import reward_pb2, reward_pb2_grpc
+
+    server = await RewardServer(RewardConfig(), load_decoder(tok_dir)).start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+            stub = reward_pb2_grpc.RewardServiceStub(ch)
+            g = make_group(tok_dir, [r"\boxed{\dfrac12}", r"\boxed{3}"], [r"\frac{1}{2}", "4"], "lighteval/MATH")
+            rep = await stub.Score(reward_pb2.RewardScoreRequest(frame=bytes(wire.encode(g))), timeout=30)
+            assert rep.num_samples == 2 and rep.num_errors == 0 and rep.mean_score == 0.5
+            out = wire.decode(bytearray(rep.frame))
+            assert out.batch["token_level_scores"].sum(-1).tolist() == [1.0, 0.0]
+            assert list(out.non_tensor_batch["error"]) == ["", ""]
+
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await stub.Score(reward_pb2.RewardScoreRequest(frame=b"MRLW\x01\x00garbage"), timeout=30)
+            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "malformed frame" in ei.value.details()
+
+            g.non_tensor_batch.pop("data_source")
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await stub.Score(reward_pb2.RewardScoreRequest(frame=bytes(wire.encode(g))), timeout=30)
+            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "data_source" in ei.value.details()
+
+            ok = make_group(tok_dir, ["#### 2"], ["2"])  # the service still serves
+            rep = await stub.Score(reward_pb2.RewardScoreRequest(frame=bytes(wire.encode(ok))), timeout=30)
+            assert rep.mean_score == 1.0
+        text = http_get(server.http.port, "/metrics")[1]
+        assert 'meshrl_reward_malformed_total{path="grpc"} 2.0' in text
+    finally:
+        await server.stop()
+
+
+async def test_cli_service_process(redis_server, tok_dir, tmp_path):
+    """``python -m reward_svc --config FILE`` with a user function, against a real redis-server."""
+    user = tmp_path / "user_reward.py"
+    user.write_text(
+        "import os\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    if 'die' in solution_str:\n"
+        "        os.kill(os.getpid(), 9)\n"
+        "    return {'score': float(solution_str.strip() == ground_truth) * kw['scale'], 'len': len(solution_str)}\n"
+    )
+    cfg = {
+        "reward": {
+            "tokenizer_path": tok_dir,
+            "custom_reward_function": {"path": str(user), "reward_kwargs": {"scale": 2.0}},
+            "num_workers": 1,
+            "memory_limit_mb": 512,
+            "get_timeout_s": 0.2,
+        },
+        "queues": {"type": "redis", "url": redis_server.url, "namespace": "rwcli"},
+    }
+    path = tmp_path / "reward.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reward_svc", "--config", str(path), "--consumer", "cli-0", "reward.grpc_port=null"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+    qcfg = RedisQueueConfig(url=redis_server.url, namespace="rwcli")
+    producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
+    trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="trainer-0")
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        assert line.startswith("reward ready grpc=off metrics="), line
+        port = int(line.strip().rsplit(":", 1)[1])
+        await producer.put([make_group(tok_dir, ["7", "die", "8"], ["7"] * 3, "my/task", uid="c1")])
+        (item,) = await drain(trainer, 1, timeout=60)
+        d = item.data
+        assert d.batch["token_level_scores"].sum(-1).tolist() == [2.0, 0.0, 0.0]
+        assert list(d.non_tensor_batch["len"]) == [1, None, 1]
+        assert d.non_tensor_batch["error"][1].startswith("reward crash:")
+        text = http_get(port, "/metrics")[1]
+        assert 'meshrl_reward_errors_total{kind="crash"} 1.0' in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        for q in (producer, trainer):
+            await q.close()
+    assert code == 0
