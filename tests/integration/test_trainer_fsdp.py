@@ -1,0 +1,114 @@
+"""FSDP2 on real gloo ranks gives the same update as one rank and as plain PyTorch.
+
+Runs ``tests/integration/trainer_step_job.py`` twice on the tiny model:
+- 1 rank, fixed micro-batches of 2, one step;
+- 2 ranks, dynamic micro-batches (token budget), two steps where the second step's
+  rewards contain a NaN -- that step must be skipped, leaving the weights of step one.
+Both must match an in-process, un-sharded reference update on the same batch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+JOB = str(Path(__file__).with_name("trainer_step_job.py"))
+
+
+def _spec(model: str, **actor) -> dict:
+    base = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "optim": {"lr": 1e-3}}
+    base.update(actor)
+    return {"model_path": model, "train_batch_size": 4, "rollout_n": 2, "actor": base}
+
+
+def _run(tmp: Path, spec: dict, nproc: int, *extra: str) -> tuple[dict, dict]:
+    from safetensors.torch import load_file
+
+    from trainer_svc.launch import spawn_ranks
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    code = spawn_ranks([JOB, str(tmp / "spec.json"), str(tmp / "out"), *extra], nproc, threads=1, timeout_s=240)
+    assert code == 0, f"{nproc}-rank job failed with exit code {code}"
+    return json.loads((tmp / "out" / "result.json").read_text()), load_file(str(tmp / "out" / "params.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    one = _run(root / "one", _spec(tiny_model), 1)
+    two = _run(
+        root / "two",
+        _spec(tiny_model, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=24, log_prob_max_token_len_per_gpu=24),
+        2,
+        "--steps", "2", "--nan-step", "1",
+    )
+    return one, two
+
+
+def _reference(tiny_model: str):
+    """The same step without FSDP or torch.distributed: plain HF model, one process."""
+    from services.config.trainer import ActorConfig, AlgorithmConfig
+    from trainer_svc.actor import DataParallelPPOActor
+    from trainer_svc.experience import compute_advantage
+    from trainer_svc.fsdp import build_optimizer, load_causal_lm
+    from trainer_svc.synthetic import make_batch
+
+    model = load_causal_lm(tiny_model)
+    cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=8, optim={"lr": 1e-3})
+    opt, sched = build_optimizer(model, cfg.optim, 1)
+    actor = DataParallelPPOActor(cfg, model, opt, sched, mini_batch_size=8)
+    batch = make_batch(4, n=2, prompt_len=7, response_len=6, vocab_size=model.config.vocab_size, seed=0)
+    batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+    compute_advantage(batch, AlgorithmConfig())
+    res = actor.update_policy(batch)
+    return res, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_one_rank_fsdp_matches_plain_pytorch(runs, tiny_model):
+    (res1, params1), _ = runs
+    ref_res, ref_params = _reference(tiny_model)
+    m = res1["steps"][0]["metrics"]
+    assert m["actor/pg_loss"] == pytest.approx(ref_res.metrics["actor/pg_loss"], rel=1e-4, abs=1e-6)
+    assert m["actor/grad_norm"] == pytest.approx(ref_res.metrics["actor/grad_norm"], rel=1e-4)
+    for name, p in ref_params.items():
+        torch.testing.assert_close(params1[name], p, atol=2e-5, rtol=1e-4, msg=f"parameter {name} differs")
+
+
+def test_two_ranks_match_one_rank(runs, tiny_model):
+    (res1, params1), (res2, params2) = runs
+    assert res1["world"] == 1 and res2["world"] == 2
+    m1, m2 = res1["steps"][0]["metrics"], res2["steps"][0]["metrics"]
+    for key in ("actor/pg_loss", "actor/loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl"):
+        assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+    assert res2["steps"][0]["version"] == 1 and res2["steps"][0]["applied"]
+    start = _initial(tiny_model)
+    moved = max((params1[n] - start[n]).abs().max().item() for n in start)
+    assert moved > 1e-4, "the update did not change the weights"
+    for name in params1:
+        torch.testing.assert_close(params2[name], params1[name], atol=2e-5, rtol=1e-4, msg=f"parameter {name} differs")
+
+
+def test_nan_step_is_skipped_and_reported(runs):
+    _, (res2, _) = runs
+    bad = res2["steps"][1]
+    assert bad["applied"] is False
+    assert bad["skipped"] == 1
+    assert bad["version"] == 1, "a skipped step must not bump the policy version"
+    assert not (bad["metrics"]["actor/grad_norm"] == bad["metrics"]["actor/grad_norm"]) or bad["metrics"]["actor/grad_norm"] == float("inf")
+
+
+def _initial(tiny_model: str) -> dict:
+    from trainer_svc.fsdp import load_causal_lm
+
+    return {n: p.detach() for n, p in load_causal_lm(tiny_model).named_parameters()}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))
