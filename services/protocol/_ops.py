@@ -131,6 +131,8 @@ class DataProtoOpsMixin:
         if seed is not None:
             generator = torch.Generator()
             generator.manual_seed(seed)
+        if len(self) == 0:
+            return iter(())
         loader = DataLoader(range(len(self)), batch_size=mini_batch_size, collate_fn=_IndexCollate(self),
                             generator=generator, **kwargs)
 
