@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,8 @@ MAX_ENTRIES = 1 << 16  # most tensors / columns one frame may describe
 MAX_DIM = 1 << 48  # largest single dimension accepted (a zero-size tensor may be wide)
 _ENC = frame_pb2.ColumnEncoding
 _ZEROS = memoryview(bytes(ALIGN))
-_SMALL_COPY = 1 << 22  # tensors below 4 MiB are copied by one memcpy (no thread-pool wake-up)
+_PIECE = 4 << 20  # large copies are cut into pieces of this size ...
+_PARALLEL_MIN = 16 << 20  # ... and shared with helper threads when the frame holds this much
 
 Key = tuple[str, ...]
 
@@ -181,29 +183,48 @@ def encode_frame(parts: FrameParts) -> bytearray:
     out = _alloc_uninitialized(plan.total)
     out[: plan.data_start] = plan.head
     base = plan.data_start
-    view = memoryview(out)
-    dst: torch.Tensor | None = None
-    items: list[tuple[int, Any]] = [(off, t) for off, t in plan.tensors]
-    items += plan.blobs
+    dst = np.frombuffer(out, dtype=np.uint8)
+    items: list[tuple[int, np.ndarray]] = [(off, _bytes_of_tensor(t).numpy()) for off, t in plan.tensors]
+    items += [(off, np.frombuffer(src, dtype=np.uint8)) for off, src in plan.blobs]
     items.sort(key=lambda item: item[0])
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
     pos = 0
     for off, src in items:
-        view[base + pos : base + off] = _ZEROS[: off - pos]
-        if isinstance(src, torch.Tensor):
-            n = src.numel() * src.element_size()
-            if n >= _SMALL_COPY:
-                if dst is None:
-                    dst = torch.frombuffer(out, dtype=torch.uint8)
-                dst[base + off : base + off + n].copy_(_bytes_of_tensor(src))
-            elif n:
-                view[base + off : base + off + n] = memoryview(_bytes_of_tensor(src).numpy())
-        else:
-            n = src.nbytes
-            view[base + off : base + off + n] = src
+        dst[base + pos : base + off] = 0  # alignment padding
+        n = src.nbytes
+        for a in range(0, n, _PIECE):
+            b = min(n, a + _PIECE)
+            copies.append((dst[base + off + a : base + off + b], src[a:b]))
         pos = max(pos, off + n)
-    del dst  # release the buffer export so the bytearray stays resizable
-    view.release()
+    _copy_all(copies, parallel=plan.total >= _PARALLEL_MIN)
+    del dst, copies, items
     return out
+
+
+def _copy_all(copies: list[tuple[np.ndarray, np.ndarray]], *, parallel: bool) -> None:
+    """Run ``dst[...] = src`` for every pair. For large frames, helper threads (torch's
+    intra-op thread count minus one, at most 3) take pieces from the same queue as the
+    caller; numpy releases the GIL while copying, and a busy core simply takes fewer pieces.
+    """
+    helpers = max(0, min(torch.get_num_threads(), 4) - 1) if parallel and len(copies) > 1 else 0
+    queue = iter(copies)  # next() on a list iterator is atomic under the GIL
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for d, s in queue:
+                np.copyto(d, s)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, name=f"wire-copy-{i}", daemon=True) for i in range(helpers)]
+    for t in threads:
+        t.start()
+    work()
+    for t in threads:
+        t.join()  # bounded: each helper only finishes the piece it holds
+    if errors:
+        raise errors[0]
 
 
 def encode_frame_parts(parts: FrameParts) -> list[memoryview]:

@@ -53,8 +53,10 @@ def assert_same(a: DataProto, b: DataProto) -> None:
     for k, col in a.non_tensor_batch.items():
         other = b.non_tensor_batch[k]
         assert col.dtype == other.dtype and col.shape == other.shape, k
-        assert _deep_equal(col.tolist() if col.dtype != object else list(col.reshape(-1)),
-                           other.tolist() if other.dtype != object else list(other.reshape(-1))), k
+        if col.dtype == object:
+            assert _deep_equal(list(col.reshape(-1)), list(other.reshape(-1))), k
+        else:  # raw columns: bit for bit (NaNs included)
+            assert col.tobytes() == other.tobytes(), k
     assert _deep_equal(a.meta_info, b.meta_info)
 
 
