@@ -19,6 +19,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from services.config.base import StrictModel
+from services.config.queues import QueueConfig
+from services.config.weights import WeightChannelConfig
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "k1+", "k2+", "k3+", "low_var_kl+"]
@@ -178,10 +180,21 @@ class TrainerConfig(StrictModel):
     )
     metrics_host: str = Field("127.0.0.1", description="address of /health /ready /metrics")
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /health /ready /metrics; 0 = any free")
+    metrics_file: str | None = Field(
+        None, description="append one JSON line per committed step (step, version, applied, metrics) to this file"
+    )
     torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = cores / nproc")
     stop_on_nonfinite: int = Field(
         10, ge=1, le=1_000_000, description="abort after this many consecutive steps skipped for a NaN/inf loss"
     )
+
+
+class SyntheticSourceConfig(StrictModel):
+    """Deterministic synthetic experience (used when no queue is configured)."""
+
+    prompt_len: int = Field(16, ge=1, le=65536, description="padded prompt length, tokens")
+    response_len: int = Field(16, ge=1, le=65536, description="padded response length, tokens")
+    seed: int = Field(0, ge=0, description="seed of the batch contents (batch k uses seed and k)")
 
 
 class TrainerServiceSpec(StrictModel):
@@ -197,11 +210,14 @@ class TrainerServiceSpec(StrictModel):
     ref: RefConfig = Field(default_factory=RefConfig, description="reference policy")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages and KL")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="loop, checkpoints, ranks")
-    queue: dict[str, Any] | None = Field(
-        None, description="services.config.queues QueueConfig of the experience stream; None = no intake"
+    queue: QueueConfig | None = Field(
+        None, description="queue backend of the experience stream; None = synthetic batches (smoke runs, benchmarks)"
     )
-    weights: dict[str, Any] | None = Field(
-        None, description="services.config.weights publisher settings; None = do not publish"
+    weights: WeightChannelConfig | None = Field(
+        None, description="weight channel the new versions are published on; None = do not publish"
+    )
+    synthetic: SyntheticSourceConfig = Field(
+        default_factory=lambda: SyntheticSourceConfig(), description="shape of synthetic batches when queue is None"
     )
 
     @model_validator(mode="after")

@@ -1,0 +1,92 @@
+"""Trainer intake on a real Redis stream: staleness filtering, counting, ack-after-commit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.config.queues import RedisQueueConfig
+from services.queues import make_queue
+from trainer_svc.intake import QueueIntake
+from trainer_svc.synthetic import make_group
+
+pytestmark = [pytest.mark.redis]
+
+VOCAB = 64
+
+
+def _cfg(server):
+    return RedisQueueConfig(url=server.url, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
+
+
+def _group(uid: str, versions: list[int], response_len: int = 5, prompt_len: int = 4):
+    g = make_group(uid, n=len(versions), prompt_len=prompt_len, response_len=response_len, vocab_size=VOCAB, seed=hash(uid) % 1000)
+    g.batch["policy_version"] = torch.tensor(versions, dtype=torch.long)
+    return g
+
+
+async def test_stale_samples_are_dropped_counted_and_acked_after_commit(redis_server):
+    producer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="trainer-0")
+    # current version 5, max_staleness 1: versions 4 and 5 are fresh, 3 and below stale.
+    await consumer.depth()
+    await producer.put(
+        [
+            _group("fresh", [5, 5]),
+            _group("all-stale", [3, 2]),
+            _group("mixed", [4, 3], response_len=7, prompt_len=6),  # different shape: intake re-pads
+            _group("fresh2", [4, 4]),
+        ]
+    )
+    intake = QueueIntake(consumer, train_batch_size=3, max_staleness=1, poll_s=0.2)
+    pending = await intake.next_batch(5, timeout=10)
+    assert pending is not None
+    uids = list(pending.data.non_tensor_batch["uid"])
+    assert uids == ["fresh", "fresh", "mixed", "fresh2", "fresh2"]
+    assert list(pending.data.non_tensor_batch["sample_id"]) == ["fresh/0", "fresh/1", "mixed/0", "fresh2/0", "fresh2/1"]
+    assert pending.staleness == [0, 0, 1, 1, 1]
+    assert intake.counters.dropped_stale == 3  # all-stale/0, all-stale/1, mixed/1
+    assert pending.dropped_ids == ["mixed/1"]
+    # collated to the longest prompt (6) and response (7)
+    assert tuple(pending.data.batch["responses"].shape) == (5, 7)
+    assert tuple(pending.data.batch["input_ids"].shape) == (5, 13)
+    assert int(pending.data.batch["response_mask"][0, 5:].sum()) == 0  # right padding is masked
+    # nothing trained is acked before the commit; the all-stale group was acked at once
+    stages = await consumer.stages(["fresh/0", "all-stale/0", "mixed/1"])
+    assert stages["all-stale/0"] == "dropped"
+    assert stages["fresh/0"] != "trained"
+    assert await consumer.depth() == 3
+    await intake.commit(pending)
+    assert await consumer.depth() == 0
+    stages = await consumer.stages(["fresh/0", "fresh2/1", "mixed/0", "mixed/1"])
+    assert stages == {"fresh/0": "trained", "fresh2/1": "trained", "mixed/0": "trained", "mixed/1": "dropped"}
+    assert intake.counters.samples_trained == 5 and intake.counters.batches == 1
+    await producer.close()
+    await consumer.close()
+
+
+async def test_uncommitted_batch_is_redelivered(redis_server):
+    """A trainer that dies before commit loses nothing: a new consumer reclaims the items."""
+    cfg = _cfg(redis_server)
+    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
+    first = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
+    await first.depth()
+    await producer.put([_group("a", [0, 0]), _group("b", [0, 0])])
+    pending = await QueueIntake(first, train_batch_size=2, max_staleness=0, poll_s=0.2).next_batch(0, timeout=10)
+    assert pending is not None and len(pending.data) == 4
+    # no commit: the "crashed" trainer's items are still pending
+    second = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-1")
+    got = await second.reclaim(min_idle=0)
+    assert {s for item in got for s in item.sample_ids} == {"a/0", "a/1", "b/0", "b/1"}
+    for q in (producer, first, second):
+        await q.close()
+
+
+async def test_timeout_when_batch_never_fills(redis_server):
+    consumer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="trainer-0")
+    intake = QueueIntake(consumer, train_batch_size=2, max_staleness=0, poll_s=0.1)
+    with pytest.raises(TimeoutError, match="0/2 groups"):
+        await intake.next_batch(0, timeout=0.5)
+    stopped = await intake.next_batch(0, timeout=5, should_stop=lambda: True)
+    assert stopped is None
+    await consumer.close()

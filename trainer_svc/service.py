@@ -1,0 +1,287 @@
+"""The trainer service loop, run by every rank (rank 0 leads).
+
+Per step:
+
+1. rank 0 leases a batch from the intake (``wait`` time) -- while waiting it broadcasts
+   ``wait`` heartbeats so the other ranks' collectives never hit their deadline;
+2. rank 0 broadcasts ``train`` + the batch (a ``services.wire`` frame) to every rank;
+3. every rank runs :meth:`TrainerWorker.step` (``compute`` time);
+4. every rank gathers full parameters layer by layer, rank 0 feeds the weight publisher
+   (``publish`` time) -- only when the step changed the weights;
+5. rank 0 commits the batch (acks its queue items) -- only now is the step committed;
+6. a checkpoint every ``save_freq`` steps, and on SIGTERM / at the end.
+
+SIGTERM (forwarded by the launcher to every rank) sets a flag; rank 0 notices it between
+polls and broadcasts ``stop``; all ranks then save a checkpoint and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import signal
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.config.trainer import TrainerServiceSpec
+from trainer_svc.checkpoint import CheckpointManager
+from trainer_svc.comm import broadcast_message
+from trainer_svc.fsdp import DistContext
+from trainer_svc.worker import StepResult, TrainerWorker
+
+logger = logging.getLogger("meshrl.trainer")
+
+_GAUGES = {
+    "actor/loss": ("meshrl_trainer_loss", "total actor loss of the last step"),
+    "actor/pg_loss": ("meshrl_trainer_pg_loss", "policy-gradient loss of the last step"),
+    "actor/pg_clipfrac": ("meshrl_trainer_pg_clipfrac_ratio", "fraction of tokens whose ratio was clipped"),
+    "actor/ppo_kl": ("meshrl_trainer_ppo_kl", "approx KL(old || new) over the last step"),
+    "actor/entropy": ("meshrl_trainer_entropy_nats", "mean token entropy of the policy"),
+    "actor/kl_loss": ("meshrl_trainer_kl_loss", "KL(actor || ref) loss term"),
+    "actor/grad_norm": ("meshrl_trainer_grad_norm", "global gradient L2 norm before clipping"),
+    "actor/lr": ("meshrl_trainer_learning_rate", "current actor learning rate"),
+    "critic/score/mean": ("meshrl_trainer_reward_mean", "mean sequence score of the last batch"),
+}
+
+
+class TrainerMetrics:
+    """Prometheus metrics of the trainer (rank 0's registry)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = self.registry = registry
+        self.phase = Counter("meshrl_trainer_phase_seconds_total", "seconds spent per phase", ["phase"], registry=r)
+        self.last = Gauge("meshrl_trainer_step_seconds", "duration of the last step per phase", ["phase"], registry=r)
+        self.steps = Counter("meshrl_trainer_steps_total", "committed training steps", registry=r)
+        self.skipped = Counter(
+            "meshrl_trainer_nonfinite_steps_total", "optimizer steps skipped for a NaN/inf loss", registry=r
+        )
+        self.version = Gauge("meshrl_trainer_policy_version", "current policy version", registry=r)
+        self.samples = Counter("meshrl_trainer_samples_total", "samples trained on", registry=r)
+        self.tokens = Counter("meshrl_trainer_tokens_total", "tokens (prompt+response) trained on", registry=r)
+        self.stale = Counter("meshrl_trainer_dropped_stale_samples_total", "samples dropped as too stale", registry=r)
+        self.errors = Counter("meshrl_trainer_dropped_error_samples_total", "samples dropped as failed", registry=r)
+        self.staleness = Histogram(
+            "meshrl_trainer_staleness_versions", "policy-version lag of trained samples",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32, math.inf), registry=r,
+        )
+        self.weight_bytes = Counter("meshrl_trainer_weight_bytes_total", "parameter bytes published", registry=r)
+        self.weight_seconds = Gauge("meshrl_trainer_weight_publish_seconds", "duration of the last publish", registry=r)
+        self.idle = Gauge("meshrl_trainer_idle_ratio", "fraction of wall time spent waiting for data", registry=r)
+        self.gauges = {k: Gauge(name, doc, registry=r) for k, (name, doc) in _GAUGES.items()}
+
+
+class TrainerService:
+    """Drives one rank. ``source`` (rank 0 only) is a ``QueueIntake`` or ``SyntheticIntake``;
+    ``publisher`` (rank 0 only) has ``publish(version, named_tensors)`` or is ``None``."""
+
+    def __init__(
+        self,
+        spec: TrainerServiceSpec,
+        ctx: DistContext,
+        worker: TrainerWorker,
+        *,
+        source: Any = None,
+        publisher: Any = None,
+        metrics: TrainerMetrics | None = None,
+    ) -> None:
+        self.spec, self.ctx, self.worker = spec, ctx, worker
+        self.source, self.publisher, self.metrics = source, publisher, metrics
+        self.ckpt = CheckpointManager(spec.trainer.default_local_dir, ctx, spec.trainer.max_ckpt_to_keep)
+        self.step_no = 0
+        self.stop_requested = False
+        self.ready = False
+        self.last_result: StepResult | None = None
+        self._consecutive_nonfinite = 0
+        self._loop = asyncio.new_event_loop() if ctx.rank == 0 else None
+        self._t_start = time.monotonic()
+        self._t_wait = 0.0
+
+    # ------------------------------------------------------------------ setup
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum, _frame):
+            logger.warning("rank %d: signal %d received, stopping after the current step", self.ctx.rank, signum)
+            self.stop_requested = True
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+
+    def resume(self) -> None:
+        """Load the latest checkpoint when ``trainer.resume == "auto"`` and one exists."""
+        if self.spec.trainer.resume != "auto":
+            return
+        step = self.ckpt.latest_step()
+        if step is None:
+            return
+        state = self.ckpt.load(step, self.worker)
+        self.step_no = state["step"]
+        if self.source is not None:
+            self.source.restore(state)
+
+    def status(self) -> dict[str, Any]:
+        r = self.last_result
+        return {
+            "step": self.step_no,
+            "version": self.worker.version,
+            "last": None if r is None else {"metrics": r.metrics, "applied": r.applied, "seconds": r.seconds},
+            "intake": None if self.source is None else self.source.counters.as_dict(),
+        }
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        """Train until ``trainer.total_steps`` or a stop signal; returns an exit code."""
+        spec = self.spec
+        self._publish(initial=True)
+        self.ready = True
+        while True:
+            control, batch, pending = self._next_command()
+            if control["cmd"] == "stop":
+                if control.get("checkpoint", True) and self.step_no > 0:
+                    self._save()
+                return int(control.get("code", 0))
+            t0 = time.perf_counter()
+            result = self.worker.step(batch)
+            t1 = time.perf_counter()
+            if result.applied:
+                self._publish()
+            t2 = time.perf_counter()
+            if self.ctx.rank == 0:
+                self._loop.run_until_complete(self.source.commit(pending))
+            self.step_no += 1
+            self.last_result = result
+            self._consecutive_nonfinite = 0 if result.applied else self._consecutive_nonfinite + 1
+            t3 = time.perf_counter()
+            if spec.trainer.save_freq > 0 and self.step_no % spec.trainer.save_freq == 0:
+                self._save()
+            t4 = time.perf_counter()
+            self._report(result, pending, {"compute": t1 - t0, "publish": t2 - t1, "commit": t3 - t2, "checkpoint": t4 - t3})
+
+    def _next_command(self):
+        """Rank 0 decides what happens next and tells everyone; returns (control, batch, pending)."""
+        spec = self.spec
+        if self.ctx.rank != 0:
+            while True:
+                control, batch = broadcast_message(None, None, group=self.ctx.cpu_group)
+                if control["cmd"] != "wait":
+                    return control, batch, None
+        pending = None
+        if self.step_no >= spec.trainer.total_steps:
+            control = {"cmd": "stop", "checkpoint": True}
+        elif self._consecutive_nonfinite >= spec.trainer.stop_on_nonfinite:
+            logger.error("%d consecutive steps had non-finite losses; stopping", self._consecutive_nonfinite)
+            control = {"cmd": "stop", "checkpoint": False, "code": 3}
+        elif self.stop_requested:
+            control = {"cmd": "stop", "checkpoint": True}
+        else:
+            t0 = time.perf_counter()
+            last_beat = [time.monotonic()]
+            beat_every = min(10.0, spec.trainer.collective_timeout_s / 4)
+
+            def heartbeat() -> None:
+                if time.monotonic() - last_beat[0] >= beat_every:
+                    broadcast_message({"cmd": "wait"}, None, group=self.ctx.cpu_group)
+                    last_beat[0] = time.monotonic()
+
+            try:
+                pending = self._loop.run_until_complete(
+                    self.source.next_batch(
+                        self.worker.version,
+                        timeout=spec.trainer.batch_wait_timeout_s,
+                        should_stop=lambda: self.stop_requested,
+                        heartbeat=heartbeat,
+                    )
+                )
+            except TimeoutError as exc:
+                logger.error("%s", exc)
+                pending, control = None, {"cmd": "stop", "checkpoint": True, "code": 4}
+            else:
+                control = {"cmd": "train"} if pending is not None else {"cmd": "stop", "checkpoint": True}
+            wait = time.perf_counter() - t0
+            self._t_wait += wait
+            if self.metrics is not None:
+                self.metrics.phase.labels("wait").inc(wait)
+                self.metrics.last.labels("wait").set(wait)
+        batch = pending.data if pending is not None else None
+        broadcast_message(control, batch, group=self.ctx.cpu_group)
+        return control, batch, pending
+
+    def _publish(self, initial: bool = False) -> None:
+        """Gather full parameters (all ranks); rank 0 streams them to the publisher."""
+        if self.spec.weights is None:
+            return
+        it = self.worker.full_params()
+        if self.ctx.rank != 0:
+            for _ in it:
+                pass
+            return
+        counted = {"bytes": 0}
+
+        def counting():
+            for name, t in it:
+                counted["bytes"] += t.numel() * t.element_size()
+                yield name, t
+
+        gen = counting()
+        t0 = time.perf_counter()
+        try:
+            report = self.publisher.publish(self.worker.version, gen)
+            if getattr(report, "error", None):
+                logger.warning("weights v%d: transfer to some replicas failed: %s", self.worker.version, report.error)
+        except Exception as exc:  # a publisher failure must not desync the ranks or kill training
+            logger.error("weights v%d: publish failed: %s", self.worker.version, exc)
+        finally:
+            for _ in gen:  # drain: the other ranks are inside the same all-gathers
+                pass
+        if self.metrics is not None and not initial:
+            self.metrics.weight_bytes.inc(counted["bytes"])
+            self.metrics.weight_seconds.set(time.perf_counter() - t0)
+
+    def _save(self) -> None:
+        extra = self.source.state() if self.ctx.rank == 0 and self.source is not None else {}
+        self.ckpt.save(self.step_no, self.worker, extra)
+
+    def _report(self, result: StepResult, pending: Any, seconds: dict[str, float]) -> None:
+        if self.ctx.rank != 0:
+            return
+        m = result.metrics
+        logger.info(
+            "step %d version %d %s loss=%.5f grad_norm=%.4f samples=%d compute=%.2fs",
+            self.step_no, result.version, "applied" if result.applied else "SKIPPED (non-finite)",
+            m.get("actor/loss", float("nan")), m.get("actor/grad_norm", float("nan")), result.samples,
+            seconds["compute"],
+        )
+        if self.spec.trainer.metrics_file:
+            line = {
+                "step": self.step_no, "version": result.version, "applied": result.applied,
+                "skipped_steps": result.skipped_steps, "samples": result.samples,
+                "staleness": pending.staleness, "seconds": seconds, "metrics": m,
+            }
+            with open(self.spec.trainer.metrics_file, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        mt = self.metrics
+        if mt is None:
+            return
+        for phase, s in seconds.items():
+            mt.phase.labels(phase).inc(s)
+            mt.last.labels(phase).set(s)
+        mt.steps.inc()
+        mt.skipped.inc(result.skipped_steps)
+        mt.version.set(result.version)
+        mt.samples.inc(result.samples)
+        mt.tokens.inc(result.tokens)
+        for lag in pending.staleness:
+            mt.staleness.observe(lag)
+        for key, gauge in mt.gauges.items():
+            if key in m and math.isfinite(m[key]):
+                gauge.set(m[key])
+        c = self.source.counters
+        mt.stale.inc(max(0, c.dropped_stale - getattr(self, "_seen_stale", 0)))
+        mt.errors.inc(max(0, c.dropped_error - getattr(self, "_seen_err", 0)))
+        self._seen_stale, self._seen_err = c.dropped_stale, c.dropped_error
+        total = time.monotonic() - self._t_start
+        mt.idle.set(self._t_wait / total if total > 0 else 0.0)
