@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +81,9 @@ class DataGroup:
         self._aborted = threading.Event()
         self._abort_reason = ""
         self._lock = threading.Lock()
-        self._waiters: set[threading.Event] = set()
+        # Weak: completion callbacks run on the backend's own threads and must never hold
+        # (and so possibly destroy) the group there -- its destructor joins those threads.
+        self._waiters: weakref.WeakSet[threading.Event] = weakref.WeakSet()
         timeout = datetime.timedelta(seconds=spec.timeout_s)
         prefixed = dist.PrefixStore(spec.store_prefix, store)
         try:
@@ -112,7 +115,8 @@ class DataGroup:
             if not self._aborted.is_set():
                 self._abort_reason = reason
             self._aborted.set()
-            waiters, self._waiters = list(self._waiters), set()
+            waiters = list(self._waiters)
+            self._waiters.clear()
         for ev in waiters:
             ev.set()
 
@@ -122,10 +126,6 @@ class DataGroup:
                 ev.set()
             else:
                 self._waiters.add(ev)
-
-    def _unregister(self, ev: threading.Event) -> None:
-        with self._lock:
-            self._waiters.discard(ev)
 
     @property
     def aborted(self) -> bool:
@@ -147,12 +147,9 @@ class DataGroup:
         self.post(buffer).wait()
 
     def close(self) -> None:
-        """Drop the group (best effort; pending collectives end at their own deadline)."""
+        """Stop using the group. Its sockets and threads are released when the last
+        reference goes (pending collectives end at their own deadline first)."""
         self.abort("closed")
-        try:
-            self._pg.shutdown()
-        except Exception:  # already broken or unsupported: nothing left to release
-            pass
 
 
 class PendingBroadcast:
@@ -161,14 +158,9 @@ class PendingBroadcast:
     def __init__(self, group: DataGroup, work: dist.Work):
         self._group = group
         self._work = work
-        self._done = threading.Event()
-        group._register(self._done)
-
-        def finished(_fut: object) -> None:
-            self._done.set()
-            group._unregister(self._done)
-
-        work.get_future().add_done_callback(finished)
+        done = self._done = threading.Event()
+        group._register(done)
+        work.get_future().add_done_callback(lambda _f: done.set())  # captures only the event
 
     def wait(self, timeout_s: float | None = None) -> None:
         timeout_s = self._group.spec.timeout_s if timeout_s is None else timeout_s

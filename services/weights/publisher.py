@@ -44,6 +44,8 @@ from services.weights.snapshot import iter_file_chunks, write_snapshot
 
 log = logging.getLogger(__name__)
 K = pb.ControlKind
+ACK_GRACE_S = 0.5
+"""After a failed transfer, survivors get at least this long to acknowledge the abort."""
 
 
 @dataclass
@@ -183,8 +185,15 @@ class WeightPublisher:
                 raise VersionError(f"policy version must go forward: got {version} after {self._latest}")
             t0 = time.monotonic()
             error = self._ensure_group()
-            group, members = self._group, list(self._members)
-            epoch = self._epoch
+            group, members, epoch = self._group, list(self._members), self._epoch
+            grace_until = 0.0  # after a failure: how long survivors may take to acknowledge it
+
+            def fail(reason: str, wait_started: float) -> None:
+                nonlocal error, grace_until
+                error = reason
+                grace_until = max(wait_started + self.cfg.transfer_timeout_s, time.monotonic() + ACK_GRACE_S)
+                self._fail_group(members, epoch, version, reason)
+
             if group is not None:
                 with self._lock:
                     for s in members:
@@ -200,27 +209,31 @@ class WeightPublisher:
                     if group is not None and error is None:
                         self._send(members, control(K.CONTROL_KIND_BUCKET, self.session, epoch, version,
                                                     bucket=bucket_to_pb(bucket)))
+                        started = time.monotonic()
                         try:
-                            if pending is not None:
+                            if pending is not None:  # bucket k-1 was on the wire while k was packed
                                 pending.wait()
                                 pending = None
+                            started = time.monotonic()
                             if bucket.nbytes:
                                 pending = group.post(bucket.buffer)
                         except TransferError as e:
-                            error, pending = f"bucket {bucket.index}: {e}", None
+                            pending = None
+                            fail(f"bucket {bucket.index}: {e}", started)
                     if self.cfg.snapshot:
                         keep.append(bucket if bucket.buffer.device.type == "cpu" else _to_cpu(bucket))
                 if pending is not None:
+                    started = time.monotonic()
                     try:
                         pending.wait()
                     except TransferError as e:
-                        error = f"bucket {nb - 1}: {e}"
+                        fail(f"bucket {nb - 1}: {e}", started)
             except PlanError as e:
-                if group is not None:
+                if group is not None and error is None:
                     self._fail_group(members, epoch, version, f"publisher error: {e}")
                 raise
             if nb == 0:
-                if group is not None:
+                if group is not None and error is None:
                     self._fail_group(members, epoch, version, "publish() got no tensors")
                 raise PlanError(f"publish({version}) got no tensors")
             delivered: list[str] = []
@@ -228,13 +241,15 @@ class WeightPublisher:
             if group is not None and error is None:
                 self._send(members, control(K.CONTROL_KIND_END, self.session, epoch, version,
                                             end=pb.End(num_buckets=nb, num_tensors=nt, tensor_bytes=tb)))
-                delivered, failed = self._wait_acks(members, epoch, version)
+                delivered, failed = self._wait_acks(members, epoch, version, time.monotonic() + self.cfg.transfer_timeout_s)
                 if failed:
                     error = f"no RECEIVED acknowledgement from {failed}"
-                    self._fail_group(members, epoch, version, error, send=False)
+                    self._fail_group(members, epoch, version, error)
             elif group is not None:
+                # Let the survivors acknowledge the abort (so they are ready for the next
+                # epoch), within what is left of the failed step's deadline.
+                _, failed = self._wait_acks(members, epoch, version, grace_until)
                 failed = [s.replica_id for s in members]
-                self._fail_group(members, epoch, version, error or "transfer failed")
             self._latest = version
             if self.cfg.snapshot:
                 with self._lock:
@@ -290,17 +305,23 @@ class WeightPublisher:
                            store_port=spec.store_port, store_prefix=spec.store_prefix,
                            backend=spec.backend, timeout_s=spec.timeout_s)
             s.outbox.put(control(K.CONTROL_KIND_JOIN, self.session, epoch, -1, join=join))
+        started = time.monotonic()
         try:
             group = DataGroup(spec, self._store, self.cfg.gloo_interface, self.cfg.gloo_threads)
         except TransferError as e:
             self._send(candidates, control(K.CONTROL_KIND_ABORT, self.session, epoch, -1,
                                            abort=pb.Abort(reason=str(e))))
+            grace = max(started + self.cfg.transfer_timeout_s, time.monotonic() + ACK_GRACE_S)
+            self._wait_acks(candidates, epoch, -1, grace)
             return f"epoch {epoch}: {e}"
         self._group, self._members = group, candidates
         return None
 
-    def _wait_acks(self, members: list[_Subscriber], epoch: int, version: int) -> tuple[list[str], list[str]]:
-        deadline = time.monotonic() + self.cfg.transfer_timeout_s
+    def _wait_acks(
+        self, members: list[_Subscriber], epoch: int, version: int, deadline: float
+    ) -> tuple[list[str], list[str]]:
+        """Wait until every connected member acknowledged (epoch, version) or ``deadline``;
+        return (ids that acknowledged RECEIVED, ids that did not)."""
         key = (epoch, version)
         with self._lock:
             while True:
