@@ -1,0 +1,103 @@
+"""The job spec: strict blocks, verl key names, overrides, clear errors."""
+
+import pytest
+import yaml
+
+from services.cli import main as cli_main
+from services.config.job import JobSpecError, apply_overrides, dump_job, load_job, parse_job
+
+BASE = {
+    "name": "t",
+    "model": {"path": "/models/tiny"},
+    "data": {"train_files": "/data/train.parquet", "train_batch_size": 8},
+    "rollout": {"n": 4},
+    "actor": {"ppo_mini_batch_size": 4},
+}
+
+
+def test_minimal_spec_gets_defaults_and_verl_names():
+    spec = parse_job(BASE)
+    assert spec.rollout.n == 4
+    assert spec.algorithm.adv_estimator == "grpo"
+    assert spec.data.train_files == ["/data/train.parquet"]
+    assert spec.async_.max_staleness == 1
+    assert spec.queues.type == "embedded"
+
+
+def test_overrides_are_typed_yaml_values():
+    spec = parse_job(BASE, ["actor.optim.lr=3e-5", "algorithm.norm_adv_by_std_in_grpo=false", "async.max_staleness=0"])
+    assert spec.actor.optim.lr == pytest.approx(3e-5)
+    assert spec.algorithm.norm_adv_by_std_in_grpo is False
+    assert spec.async_.max_staleness == 0
+
+
+def test_overrides_do_not_mutate_the_callers_mapping():
+    parse_job(BASE, ["rollout.n=8"])
+    assert BASE["rollout"]["n"] == 4
+
+
+@pytest.mark.parametrize(
+    "override,names",
+    [
+        ("actor.optim.lrr=1", "actor.optim.lrr: unknown key"),
+        ("rollout.n=0", "rollout.n: Input should be greater than or equal to 1"),
+        ("actor.ppo_mini_batch_size=16", "exceeds data.train_batch_size"),
+        ("queues.type=kafka", "queues:"),
+        ("name=Has_Capitals", "name: must be lowercase"),
+        ("actor.loss_agg_mode=mean", "actor.loss_agg_mode"),
+        ("async.max_staleness=-1", "async.max_staleness"),
+    ],
+)
+def test_bad_specs_name_the_field(override, names):
+    with pytest.raises(JobSpecError) as exc:
+        parse_job(BASE, [override])
+    assert names in str(exc.value)
+
+
+def test_grpo_needs_a_group():
+    with pytest.raises(JobSpecError, match="needs rollout.n >= 2"):
+        parse_job(BASE, ["rollout.n=1"])
+
+
+def test_override_syntax_errors():
+    with pytest.raises(JobSpecError, match="KEY=VALUE"):
+        apply_overrides({}, ["rollout.n"])
+    with pytest.raises(JobSpecError, match="is a value, not a block"):
+        apply_overrides({"a": 1}, ["a.b=2"])
+
+
+def test_dump_round_trips(tmp_path):
+    spec = parse_job(BASE, ["queues.type=redis"])
+    path = tmp_path / "job.yaml"
+    path.write_text(dump_job(spec))
+    again = load_job(path)
+    assert again == spec
+    assert yaml.safe_load(path.read_text())["async"]["max_staleness"] == 1
+
+
+def test_load_resolves_relative_paths(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_bytes(b"")
+    raw = dict(BASE, data={"train_files": "data/train.parquet", "train_batch_size": 8})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(raw))
+    spec = load_job(tmp_path / "job.yaml")
+    assert spec.data.train_files == [str((tmp_path / "data" / "train.parquet").resolve())]
+
+
+def test_load_errors_are_clear(tmp_path):
+    with pytest.raises(JobSpecError, match="does not exist"):
+        load_job(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("name: [unclosed")
+    with pytest.raises(JobSpecError, match="not valid YAML"):
+        load_job(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(JobSpecError, match="mapping"):
+        load_job(tmp_path / "list.yaml")
+
+
+def test_meshrl_validate_cli(tmp_path, capsys):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(BASE))
+    assert cli_main(["validate", str(tmp_path / "job.yaml"), "rollout.n=8"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["rollout"]["n"] == 8
+    assert cli_main(["validate", str(tmp_path / "job.yaml"), "rollout.nn=8"]) == 2
+    assert "rollout.nn: unknown key" in capsys.readouterr().err
