@@ -82,7 +82,7 @@ def test_grpo_edge_cases_singleton_equal_rewards_all_masked_rows() -> None:
     assert adv[3].abs().max().item() == 0.0
     vec, _ = ca.compute_grpo_vectorized_outcome_advantage(rewards, mask, index)
     assert torch.isfinite(vec).all()
-    assert torch.allclose(vec, adv, atol=1e-9)
+    assert torch.allclose(vec, adv, atol=1e-6)
 
 
 def test_dr_grpo_does_not_divide_by_std() -> None:
@@ -102,7 +102,9 @@ def test_grpo_vectorized_matches_loop_on_random_groups() -> None:
     index = np.array([f"uid{i % 5}" for i in range(23)] + ["lonely"], dtype=object)
     loop, _ = ca.compute_grpo_outcome_advantage(rewards, mask, index)
     vec, _ = ca.compute_grpo_vectorized_outcome_advantage(rewards, mask, index)
-    assert torch.allclose(loop, vec, atol=1e-9)
+    # the vectorized form keeps the group statistics in float32, as verl does
+    assert torch.allclose(loop, vec, atol=1e-5)
+    assert not torch.equal(loop, torch.zeros_like(loop))
 
 
 def test_grpo_rejects_index_of_wrong_length() -> None:

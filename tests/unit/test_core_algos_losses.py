@@ -94,6 +94,7 @@ MASK = t([[1, 1, 0], [1, 0, 0], [0, 0, 0]])  # the last row is fully masked
     ("mode", "expected"),
     [
         ("token-mean", (1 + 2 + 4) / 3),
+        ("token-sum", 1 + 2 + 4),
         # sequence sums 3 and 4 over the two sequences with a valid token
         ("seq-mean-token-sum", (3 + 4) / 2),
         ("seq-mean-token-mean", (1.5 + 4) / 2),
@@ -116,7 +117,7 @@ def test_agg_loss_constant_scale_factor_and_bool_mask() -> None:
         assert torch.isfinite(ca.agg_loss(nan_loss, MASK, mode))
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", ca.AGG_LOSS_MODES)
 def test_agg_loss_global_batch_info_makes_dp_split_invariant(mode: str) -> None:
     gen = torch.Generator().manual_seed(1)
     loss = torch.rand(6, 5, generator=gen, dtype=F64)
@@ -149,7 +150,7 @@ def test_agg_loss_all_masked_is_zero_not_nan_and_keeps_graph() -> None:
 
 def test_agg_loss_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="invalid loss_agg_mode"):
-        ca.agg_loss(LOSS, MASK, "token-sum")
+        ca.agg_loss(LOSS, MASK, "token-average")
     with pytest.raises(ValueError, match="batch_num_tokens"):
         ca.agg_loss(LOSS, MASK, "token-mean", dp_size=2)
     with pytest.raises(ValueError, match="global_batch_size"):

@@ -163,26 +163,24 @@ def compute_grpo_vectorized_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO with scatter reductions instead of a Python loop over groups.
 
-    Per group: ``mean``, and ``std = sqrt(max(unbiased_var, epsilon))`` (verl's
-    ``group_mean_std`` floors the variance at ``epsilon``); singletons use (0, 1).
-    Advantage ``(s - mean) / (std + epsilon)``, or ``s - mean`` for Dr.GRPO. Equal to
-    :func:`compute_grpo_outcome_advantage` except where a group's variance is below
-    ``epsilon`` (e.g. all-equal rewards give 0 in both).
+    Group statistics are computed in float32 (as verl's ``group_mean_std``): ``mean`` and
+    the unbiased ``std``; singletons use (0, 1). Advantage ``(s - mean) / (std + epsilon)``,
+    or ``s - mean`` for Dr.GRPO — the same numbers as :func:`compute_grpo_outcome_advantage`
+    up to float32 rounding of the group statistics.
     """
     _check_shapes(token_level_rewards, response_mask)
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         g = _factorize(index, scores.device)
+        stats = scores.to(torch.float32)
         num_groups = int(g.max().item()) + 1 if g.numel() else 0
-        count = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(
-            0, g, torch.ones_like(scores)
+        count = torch.zeros(num_groups, dtype=torch.float32, device=scores.device).index_add_(
+            0, g, torch.ones_like(stats)
         )
-        total = torch.zeros_like(count).index_add_(0, g, scores)
-        mean = total / count.clamp_min(1)
-        sq_dev = torch.zeros_like(count).index_add_(0, g, (scores - mean[g]) ** 2)
-        var = sq_dev / (count - 1).clamp_min(1)
-        std = torch.sqrt(torch.clamp(var, min=epsilon))
-        single = count <= 1
+        mean = torch.zeros_like(count).index_add_(0, g, stats) / count.clamp_min(1.0)
+        sq_dev = torch.zeros_like(count).index_add_(0, g, (stats - mean[g]) ** 2)
+        std = torch.sqrt(sq_dev / (count - 1.0).clamp_min(1.0))
+        single = count <= 1.0
         mean = torch.where(single, torch.zeros_like(mean), mean)
         std = torch.where(single, torch.ones_like(std), std)
         if norm_adv_by_std_in_grpo:
@@ -341,8 +339,12 @@ def compute_reinforce_plus_plus_outcome_advantage(
     config: Optional[Any] = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted return-to-go ``G_t = r_t + gamma * G_{t+1}`` (reset after the
-    last valid token), whitened over the batch's valid tokens. ``config.gamma`` is required.
+    """REINFORCE++: discounted return-to-go ``G_t = r_t + gamma * G_{t+1}`` over the valid
+    tokens, whitened over the batch's valid tokens. ``config.gamma`` is required.
+
+    Masked positions get return 0 and are skipped by the recursion: a tool-observation span
+    inside a response carries the running return through unchanged (its own rewards are
+    dropped), and trailing padding contributes nothing.
 
     Returns ``(advantages, returns)``.
     """
@@ -351,12 +353,13 @@ def compute_reinforce_plus_plus_outcome_advantage(
     if gamma is None:
         raise ValueError("reinforce_plus_plus needs config.gamma (the algorithm config)")
     with torch.no_grad():
+        mask = response_mask.to(token_level_rewards.dtype)
         returns = torch.zeros_like(token_level_rewards)
         running = torch.zeros_like(token_level_rewards[:, 0])
         for t in reversed(range(token_level_rewards.shape[1])):
-            running = token_level_rewards[:, t] + gamma * running
-            returns[:, t] = running
-            running = running * response_mask[:, t]
+            candidate = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = candidate * mask[:, t]
+            running = candidate * mask[:, t] + running * (1 - mask[:, t])
         advantages = masked_whiten(returns, response_mask) * response_mask
     return advantages, returns
 

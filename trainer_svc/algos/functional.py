@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 #: Valid ``loss_agg_mode`` values of :func:`agg_loss`.
-AGG_LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_LOSS_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 #: Valid base names of :func:`kl_penalty` (each may carry a trailing ``+``; ``full`` is
 #: accepted by name but, as in verl, not implemented).
@@ -134,6 +134,7 @@ def agg_loss(
     Modes (``L`` = loss_mat, ``M`` = loss_mask, ``S_i = sum_t L_it M_it``):
         ``token-mean``: ``sum_it L M / batch_num_tokens * dp_size``
             (default ``batch_num_tokens = M.sum()``);
+        ``token-sum``: ``sum_it L M * dp_size`` (no normalisation);
         ``seq-mean-token-sum``: ``sum_i S_i / global_batch_size * dp_size`` over sequences
             with at least one unmasked token (default ``global_batch_size`` = their count);
         ``seq-mean-token-mean``: same, with ``S_i / (sum_t M_it + 1e-8)``;
@@ -168,6 +169,8 @@ def agg_loss(
                 raise ValueError("agg_loss: batch_num_tokens (global) is required when dp_size > 1")
             batch_num_tokens = mask.sum()
         return _safe_divide(masked_sum(loss_mat, mask), batch_num_tokens) * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, mask) * dp_size
     if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
         tokens_per_seq = mask.sum(dim=-1)
         seq_losses = (torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat)) * mask).sum(dim=-1)

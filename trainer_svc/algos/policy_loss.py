@@ -188,8 +188,8 @@ def compute_policy_loss_gspo(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """GSPO: sequence-level ratio ``exp(mean_t(log_prob - old_log_prob))`` (stop-gradient),
     times ``pi / sg(pi)`` per token so gradients flow token-wise; clipped with the
-    asymmetric ranges; always aggregated ``seq-mean-token-mean`` (verl ignores
-    ``loss_agg_mode`` here)."""
+    asymmetric ranges; aggregated with ``loss_agg_mode`` (its default,
+    ``seq-mean-token-mean``, is the one the GSPO paper uses)."""
     _check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     clip_low, clip_high, _ = _clip_ranges(config)
     negative_approx_kl = log_prob - old_log_prob
@@ -205,7 +205,7 @@ def compute_policy_loss_gspo(
     pg_loss = agg_loss(
         loss_mat=pg_losses,
         loss_mask=response_mask,
-        loss_agg_mode="seq-mean-token-mean",
+        loss_agg_mode=loss_agg_mode,
         **global_batch_kwargs(config),
     )
     metrics = {
