@@ -25,15 +25,26 @@ log = logging.getLogger("meshrl.queues.broker")
 MAX_PRODUCERS = 100_000  # producer sequence numbers remembered per stream (oldest forgotten)
 
 
+def frame_len(data: bytes | bytearray | memoryview | list) -> int:
+    """Length of a frame held whole or as a list of chunks."""
+    return sum(len(c) for c in data) if isinstance(data, list) else len(data)
+
+
+def frame_bytes(data: bytes | bytearray | memoryview | list) -> bytes | bytearray | memoryview:
+    """The frame as one contiguous buffer (joins chunks)."""
+    return b"".join(data) if isinstance(data, list) else data
+
+
 @dataclass
 class Entry:
-    """One item: ``data`` is the frame (bytes-like), ``sample_ids`` its rows' ids."""
+    """One item: ``data`` is the frame (bytes-like, or its chunks in order as received),
+    ``sample_ids`` its rows' ids."""
 
     id: int
     producer: str
     seq: int
     sample_ids: tuple[str, ...]
-    data: bytes | bytearray
+    data: bytes | bytearray | memoryview | list
     deliveries: int = 0
     consumer: str = ""
     leased_at: float = 0.0
@@ -98,7 +109,7 @@ class BrokerState:
         return True
 
     async def put(self, name: str, producer: str, seq: int, sample_ids: tuple[str, ...],
-                  data: bytes | bytearray, stage: str, ledger_max: int) -> tuple[str, int]:
+                  data: bytes | bytearray | list, stage: str, ledger_max: int) -> tuple[str, int]:
         """Append one item; returns (entry id or "" for a duplicate seq, gaps seen)."""
         s = self.stream(name)
         last = s.seqs.get(producer, 0)
@@ -106,7 +117,8 @@ class BrokerState:
             return "", 0
         gaps = seq - last - 1
         e = Entry(s.next_id, producer, seq, sample_ids, data)
-        self._log(["P", name, e.id, producer, seq, list(sample_ids), data])
+        if self._aof is not None:
+            self._log(["P", name, e.id, producer, seq, list(sample_ids), frame_bytes(data)])
         if stage:
             self._log(["L", stage, list(sample_ids)])
         self._add(s, e)
@@ -285,7 +297,8 @@ class BrokerState:
                 for i in range(0, len(pairs), 10_000):
                     yield ["C", name, group, [list(p) for p in pairs[i : i + 10_000]]]
             for e in s.entries.values():
-                yield ["P", name, e.id, e.producer, e.seq, list(e.sample_ids), e.data, e.deliveries, e.consumer]
+                yield ["P", name, e.id, e.producer, e.seq, list(e.sample_ids), frame_bytes(e.data), e.deliveries,
+                       e.consumer]
         by_stage: dict[str, list[str]] = {}
         for sid, stage in self.ledger.items():
             by_stage.setdefault(stage, []).append(sid)

@@ -21,7 +21,8 @@ import grpc
 
 from services.pb import queue_pb2, queue_pb2_grpc
 from services.queues.base import check_name, check_sample_ids, check_stage
-from services.queues.broker import BrokerState, Delivered
+from services.queues.broker import BrokerState, Delivered, frame_len
+from services.queues.chunkcodec import DELIVERY_CHUNK_FIELD, PUT_CHUNK_FIELD, chunk_deserializer, chunk_serializer
 
 log = logging.getLogger("meshrl.queues.broker")
 
@@ -69,39 +70,39 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         try:
             first = await it.__anext__()
         except StopAsyncIteration:
-            raise _Invalid("empty Put call: the first message must be a PutBatch") from None
+            raise _Invalid("empty Put call: the first message must be a QueuePutBatch") from None
         if first.WhichOneof("kind") != "batch":
-            raise _Invalid("the first message of a Put call must be a PutBatch")
+            raise _Invalid("the first message of a Put call must be a QueuePutBatch")
         b = first.batch
         _check(check_name, "stream", b.stream)
         _check(check_name, "producer", b.producer)
         if b.stage:
             _check(check_stage, b.stage)
         if b.max_depth < 1:
-            raise _Invalid("PutBatch.max_depth must be >= 1")
+            raise _Invalid("QueuePutBatch.max_depth must be >= 1")
         deadline = time.monotonic() + b.wait_ms / 1000
         reply = queue_pb2.QueuePutReply()
         cur: queue_pb2.QueuePutItem | None = None
-        buf = bytearray()
+        chunks: list[memoryview | bytes] = []
         off = 0
 
-        async def finish(item: queue_pb2.QueuePutItem, data: bytes | bytearray) -> None:
+        async def finish(item: queue_pb2.QueuePutItem, data: bytes | list) -> None:
             eid, gaps = await self.state.put(b.stream, b.producer, item.seq, tuple(item.sample_ids), data,
                                              b.stage, max(1, b.ledger_max))
             reply.entry_ids.append(eid)
             reply.gaps += gaps
 
         async for msg in it:
-            kind = msg.WhichOneof("kind")
+            kind = "chunk" if isinstance(msg, memoryview) else msg.WhichOneof("kind")
             if kind == "item":
                 if cur is not None:
                     raise _Invalid(f"item seq={cur.seq} ended after {off} of {cur.frame_bytes} bytes")
                 item = msg.item
                 _check(check_sample_ids, list(item.sample_ids))
                 if item.seq < 1:
-                    raise _Invalid("PutItem.seq must be >= 1")
+                    raise _Invalid("QueuePutItem.seq must be >= 1")
                 if item.frame_bytes > self.max_frame_bytes:
-                    raise _Invalid(f"PutItem.frame_bytes={item.frame_bytes} exceeds the broker's {self.max_frame_bytes}")
+                    raise _Invalid(f"QueuePutItem.frame_bytes={item.frame_bytes} exceeds the broker's {self.max_frame_bytes}")
                 if not await self.state.wait_room(b.stream, b.max_depth, max(0.0, deadline - time.monotonic())):
                     reply.full = True
                     break
@@ -109,19 +110,20 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
                     await finish(item, item.inline)
                 else:
                     if item.inline:
-                        raise _Invalid("PutItem.inline must hold the whole frame or nothing")
-                    cur, buf, off = item, bytearray(item.frame_bytes), 0
+                        raise _Invalid("QueuePutItem.inline must hold the whole frame or nothing")
+                    cur, chunks, off = item, [], 0
             elif kind == "chunk":
                 if cur is None:
-                    raise _Invalid("chunk without a PutItem")
-                n = len(msg.chunk)
+                    raise _Invalid("chunk without a QueuePutItem")
+                piece = msg if isinstance(msg, memoryview) else msg.chunk
+                n = len(piece)
                 if off + n > cur.frame_bytes:
                     raise _Invalid(f"item seq={cur.seq}: chunks exceed frame_bytes={cur.frame_bytes}")
-                buf[off : off + n] = msg.chunk
+                chunks.append(piece)  # kept as received: no assembly copy
                 off += n
                 if off == cur.frame_bytes:
-                    await finish(cur, buf)
-                    cur, buf = None, bytearray()
+                    await finish(cur, chunks)
+                    cur, chunks = None, []
             else:
                 raise _Invalid("a second PutBatch in one Put call")
         if cur is not None and not reply.full:
@@ -194,17 +196,44 @@ def _deliveries(got: list[Delivered], chunk_bytes: int):  # noqa: ANN202 - gener
     cs = max(4096, chunk_bytes or (2 << 20))
     for d in got:
         e = d.entry
-        n = len(e.data)
+        n = frame_len(e.data)
         h = queue_pb2.QueueDeliveryHeader(entry_id=str(e.id), producer=e.producer, seq=e.seq, sample_ids=e.sample_ids,
                                      fresh=d.fresh, delivery_count=e.deliveries, frame_bytes=n)
         if n <= min(cs, INLINE_MAX):
-            h.inline = bytes(e.data)
+            h.inline = b"".join(e.data) if isinstance(e.data, list) else bytes(e.data)
             yield queue_pb2.QueueDelivery(header=h)
             continue
         yield queue_pb2.QueueDelivery(header=h)
+        if isinstance(e.data, list):  # as the producer sent them; the serializer frames each
+            yield from e.data
+            continue
         view = memoryview(e.data)
         for off in range(0, n, cs):
-            yield queue_pb2.QueueDelivery(chunk=bytes(view[off : off + cs]))
+            yield view[off : off + cs]
+
+
+def service_handler(servicer: QueueServicer) -> grpc.GenericRpcHandler:
+    """QueueService handlers; frame chunks use the zero-copy codec (:mod:`.chunkcodec`)."""
+    pb = queue_pb2
+    unary = grpc.unary_unary_rpc_method_handler
+    deliveries = chunk_serializer(DELIVERY_CHUNK_FIELD)
+    return grpc.method_handlers_generic_handler("meshrl.v1.QueueService", {
+        "Put": grpc.stream_unary_rpc_method_handler(
+            servicer.Put, request_deserializer=chunk_deserializer(PUT_CHUNK_FIELD, pb.QueuePutMessage),
+            response_serializer=pb.QueuePutReply.SerializeToString),
+        "Get": grpc.unary_stream_rpc_method_handler(
+            servicer.Get, request_deserializer=pb.QueueGetRequest.FromString, response_serializer=deliveries),
+        "Reclaim": grpc.unary_stream_rpc_method_handler(
+            servicer.Reclaim, request_deserializer=pb.QueueReclaimRequest.FromString, response_serializer=deliveries),
+        "Ack": unary(servicer.Ack, request_deserializer=pb.QueueAckRequest.FromString,
+                     response_serializer=pb.QueueAckReply.SerializeToString),
+        "Depth": unary(servicer.Depth, request_deserializer=pb.QueueDepthRequest.FromString,
+                       response_serializer=pb.QueueDepthReply.SerializeToString),
+        "RecordStage": unary(servicer.RecordStage, request_deserializer=pb.QueueRecordStageRequest.FromString,
+                             response_serializer=pb.QueueRecordStageReply.SerializeToString),
+        "GetStages": unary(servicer.GetStages, request_deserializer=pb.QueueGetStagesRequest.FromString,
+                           response_serializer=pb.QueueGetStagesReply.SerializeToString),
+    })
 
 
 class EmbeddedBroker:
@@ -227,7 +256,7 @@ class EmbeddedBroker:
 
     async def start(self) -> "EmbeddedBroker":
         self._server = grpc.aio.server(options=grpc_options())
-        queue_pb2_grpc.add_QueueServiceServicer_to_server(self._servicer, self._server)
+        self._server.add_generic_rpc_handlers((service_handler(self._servicer),))
         self._port = self._server.add_insecure_port(f"{self.host}:{self._port}")
         if self._port == 0:
             raise OSError(f"could not bind the queue broker on {self.host}")

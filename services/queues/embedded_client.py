@@ -16,6 +16,7 @@ from services.config.queues import EmbeddedQueueConfig
 from services.pb import queue_pb2, queue_pb2_grpc
 from services.queues.base import PutOutcome, Queue, RawItem, RawLeased
 from services.queues.broker_server import INLINE_MAX, grpc_options
+from services.queues.chunkcodec import DELIVERY_CHUNK_FIELD, PUT_CHUNK_FIELD, chunk_deserializer, chunk_serializer
 from services.queues.stats import QueueMetrics
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
@@ -38,6 +39,16 @@ class EmbeddedQueue(Queue):
         self.cfg: EmbeddedQueueConfig = cfg
         self._channel = grpc.aio.insecure_channel(cfg.address, options=grpc_options())
         self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
+        svc = "/meshrl.v1.QueueService/"
+        deliveries = chunk_deserializer(DELIVERY_CHUNK_FIELD, queue_pb2.QueueDelivery)
+        self._put_rpc = self._channel.stream_unary(
+            svc + "Put", request_serializer=chunk_serializer(PUT_CHUNK_FIELD),
+            response_deserializer=queue_pb2.QueuePutReply.FromString)
+        self._get_rpc = self._channel.unary_stream(
+            svc + "Get", request_serializer=queue_pb2.QueueGetRequest.SerializeToString, response_deserializer=deliveries)
+        self._reclaim_rpc = self._channel.unary_stream(
+            svc + "Reclaim", request_serializer=queue_pb2.QueueReclaimRequest.SerializeToString,
+            response_deserializer=deliveries)
         self._recover = False
         self._held: set[str] = set()
 
@@ -76,9 +87,9 @@ class EmbeddedQueue(Queue):
                 yield queue_pb2.QueuePutMessage(item=head)
                 view = memoryview(it.payload)
                 for off in range(0, n, cs):
-                    yield queue_pb2.QueuePutMessage(chunk=bytes(view[off : off + cs]))
+                    yield view[off : off + cs]  # framed as QueuePutMessage.chunk by the serializer
 
-        reply = await self._call(self._stub.Put(messages(), timeout=cfg.op_timeout_s + _PUT_WAIT_S))
+        reply = await self._call(self._put_rpc(messages(), timeout=cfg.op_timeout_s + _PUT_WAIT_S))
         return PutOutcome([i or None for i in reply.entry_ids], reply.gaps)
 
     # ------------------------------------------------------------------ get
@@ -89,7 +100,7 @@ class EmbeddedQueue(Queue):
         off = 0
         try:
             async for msg in call:
-                if msg.WhichOneof("kind") == "header":
+                if not isinstance(msg, memoryview) and msg.WhichOneof("kind") == "header":
                     h = msg.header
                     r = RawLeased(id=h.entry_id, payload=b"", sample_ids=tuple(h.sample_ids), fresh=tuple(h.fresh),
                                   delivery_count=h.delivery_count, producer=h.producer, seq=h.seq)
@@ -105,8 +116,11 @@ class EmbeddedQueue(Queue):
                 else:
                     if cur is None:
                         raise BrokerUnreachable("broker sent a chunk without a header")
-                    n = len(msg.chunk)
-                    buf[off : off + n] = msg.chunk
+                    piece = msg if isinstance(msg, memoryview) else msg.chunk
+                    n = len(piece)
+                    if off + n > len(buf):
+                        raise BrokerUnreachable("the broker sent more bytes than the frame holds")
+                    buf[off : off + n] = piece
                     off += n
                     if off >= len(buf):
                         cur = None
@@ -121,7 +135,7 @@ class EmbeddedQueue(Queue):
     async def _read(self, max_items: int, timeout_s: float) -> list[RawLeased]:
         cfg = self.cfg
         if self._recover:
-            got = await self._collect(self._stub.Reclaim(queue_pb2.QueueReclaimRequest(
+            got = await self._collect(self._reclaim_rpc(queue_pb2.QueueReclaimRequest(
                 stream=self.stream, group=self.group, consumer=self.consumer, min_idle_ms=0, max_items=max_items,
                 dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes, own_only=True,
                 exclude_ids=sorted(self._held)), timeout=cfg.op_timeout_s))
@@ -129,14 +143,14 @@ class EmbeddedQueue(Queue):
             if got:
                 return got
         wait = min(timeout_s, cfg.op_timeout_s / 2)
-        return await self._collect(self._stub.Get(queue_pb2.QueueGetRequest(
+        return await self._collect(self._get_rpc(queue_pb2.QueueGetRequest(
             stream=self.stream, group=self.group, consumer=self.consumer, max_items=max_items,
             wait_ms=int(wait * 1000), dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes),
             timeout=wait + cfg.op_timeout_s))
 
     async def _claim_idle(self, min_idle_s: float, max_items: int) -> list[RawLeased]:
         cfg = self.cfg
-        return await self._collect(self._stub.Reclaim(queue_pb2.QueueReclaimRequest(
+        return await self._collect(self._reclaim_rpc(queue_pb2.QueueReclaimRequest(
             stream=self.stream, group=self.group, consumer=self.consumer, min_idle_ms=int(min_idle_s * 1000),
             max_items=max_items, dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes),
             timeout=cfg.op_timeout_s))
