@@ -34,6 +34,10 @@ def iter_chunks(frame: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[
         pos = 0
         while pos < part.nbytes:
             take = min(chunk_bytes - filled, part.nbytes - pos)
+            if not filled and take == chunk_bytes:  # a whole chunk inside one part: one copy
+                yield frame_pb2.FrameChunk(frame_id=frame_id, seq=seq, total_chunks=count, total_bytes=total, data=bytes(part[pos : pos + take]))
+                seq, pos = seq + 1, pos + take
+                continue
             pending += part[pos : pos + take]
             pos += take
             filled += take

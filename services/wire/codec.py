@@ -70,13 +70,12 @@ def _align(n: int) -> int:
 def _alloc_uninitialized(n: int) -> bytearray:
     """A bytearray of ``n`` bytes whose contents are NOT zeroed (CPython's documented
     ``PyByteArray_FromStringAndSize(NULL, n)``), sparing a memset pass over a large frame.
-    The caller must write every byte. Falls back to ``bytearray(n)`` elsewhere."""
+    The caller must write every byte. Falls back to ``bytearray(n)`` off CPython."""
     try:
-        fn = ctypes.pythonapi.PyByteArray_FromStringAndSize
-    except AttributeError:  # not CPython
+        proto = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)
+        fn = proto(("PyByteArray_FromStringAndSize", ctypes.pythonapi))
+    except (AttributeError, OSError):  # not CPython
         return bytearray(n)
-    fn.restype = ctypes.py_object
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
     out = fn(None, n)
     if not isinstance(out, bytearray) or len(out) != n:
         return bytearray(n)
