@@ -1,0 +1,113 @@
+"""Child processes of a local job: start, wait until ready, watch, stop.
+
+Each service runs as ``<python> -m <module> --config <resolved.yaml> ...`` with its output
+in ``<run_dir>/logs/<name>.log``. Readiness is the service's own ``/ready`` endpoint
+(STYLE.md #10), polled with a deadline; a child that dies while we wait fails at once with
+the tail of its log. Stopping is SIGTERM, then SIGKILL after a grace period; only the
+processes started here are ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServiceFailed(RuntimeError):
+    """A service exited (or never became ready); the message says which and why."""
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """GET ``url``; returns (status, body). Connection errors give status 0."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback only)
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+@dataclass
+class ServiceProcess:
+    """One child service. ``ready_url`` is its ``/ready`` endpoint."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    ready_url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> "ServiceProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        return self
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def failure(self) -> str:
+        return f"{self.name} exited with code {self.returncode}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until ``/ready`` answers 200; raise ServiceFailed if the child exits or the deadline passes."""
+        if self.ready_url is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.returncode is not None:
+                raise ServiceFailed(self.failure())
+            status, _ = http_get(self.ready_url, timeout=1.0)
+            if status == 200:
+                return
+            if time.monotonic() > deadline:
+                raise ServiceFailed(
+                    f"{self.name} was not ready within {timeout:.0f}s ({self.ready_url}); "
+                    f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                )
+            time.sleep(0.25)
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """SIGTERM, wait ``grace`` seconds, then SIGKILL. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
