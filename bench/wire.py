@@ -24,7 +24,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1024, help="sequences (default 1024)")
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
     p.add_argument("--small", action="store_true", help="64 x 512: a quick smoke run")
-    p.add_argument("--reps", type=int, default=5, help="repetitions per method; the best counts")
+    p.add_argument("--reps", type=int, default=7, help="repetitions per method; the best counts")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     return p.parse_args()
 
