@@ -18,6 +18,7 @@ therefore never waits on a dead replica longer than one deadline.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import secrets
@@ -184,6 +185,11 @@ class WeightPublisher:
             if version <= self._latest:
                 raise VersionError(f"policy version must go forward: got {version} after {self._latest}")
             t0 = time.monotonic()
+            named_tensors = iter(named_tensors)
+            first = next(named_tensors, None)
+            if first is None:
+                raise PlanError(f"publish({version}) got no tensors")
+            named_tensors = itertools.chain([first], named_tensors)
             error = self._ensure_group()
             group, members, epoch = self._group, list(self._members), self._epoch
             grace_until = 0.0  # after a failure: how long survivors may take to acknowledge it
@@ -229,13 +235,11 @@ class WeightPublisher:
                     except TransferError as e:
                         fail(f"bucket {nb - 1}: {e}", started)
             except PlanError as e:
-                if group is not None and error is None:
-                    self._fail_group(members, epoch, version, f"publisher error: {e}")
+                if group is not None:
+                    if error is None:
+                        fail(f"publisher error: {e}", time.monotonic())
+                    self._wait_acks(members, epoch, version, grace_until)
                 raise
-            if nb == 0:
-                if group is not None and error is None:
-                    self._fail_group(members, epoch, version, "publish() got no tensors")
-                raise PlanError(f"publish({version}) got no tensors")
             delivered: list[str] = []
             failed: list[str] = []
             if group is not None and error is None:

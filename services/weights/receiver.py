@@ -130,7 +130,6 @@ class WeightReceiver:
         self._group: DataGroup | None = None
         self._store = None
         self._store_addr: tuple[str, int] | None = None
-        self._last_begun = -1
         self._next_bucket = 0
         self._totals = [0, 0]
         self.latest_version = -1
@@ -369,10 +368,10 @@ class WeightReceiver:
 
     def _begin(self, msg: pb.ControlMessage) -> None:
         self._fail_current("a new version began")
-        if msg.policy_version <= self._last_begun:
+        # A version that was aborted may be published again; a received one may not.
+        if msg.policy_version <= self.received_version:
             self._ack(pb.ACK_STATUS_FAILED, msg.epoch, msg.policy_version, "version went backwards")
-            raise VersionError(f"publisher announced v{msg.policy_version} after v{self._last_begun}")
-        self._last_begun = msg.policy_version
+            raise VersionError(f"publisher announced v{msg.policy_version} after v{self.received_version}")
         self.latest_version = max(self.latest_version, msg.policy_version)
         u = Update(msg.policy_version, msg.epoch, self.cfg.receive_ahead_buckets, self.cfg.transfer_timeout_s)
         self._next_bucket, self._totals = 0, [0, 0]

@@ -126,6 +126,8 @@ def parse_safetensors(buf: bytearray | memoryview) -> tuple[int | None, list[tup
         nbytes = math.prod(shape) * DTYPES[dt].itemsize
         if end - start != nbytes:
             raise SnapshotError(f"snapshot entry {name!r}: {end - start} bytes for shape {shape} of {dt} ({nbytes})")
+        if end > len(data):
+            raise SnapshotError(f"snapshot entry {name!r} ends at {end}, past the {len(data)}-byte data section")
         pos = end
         out.append((name, _view(data, start, end, dt, shape)))
     if pos != len(data):

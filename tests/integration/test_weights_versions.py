@@ -1,0 +1,135 @@
+"""Version ordering, bad input and snapshot edge cases of the weight channel.
+
+Publisher and receiver run in this process (real gRPC on loopback, real gloo group over a
+TCPStore); the multi-process scenarios are in test_weights_channel.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from services.config.weights import WeightChannelConfig
+from services.weights import PlanError, TransferError, VersionError, WeightPublisher, WeightReceiver
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
+
+
+def cfg(**kw) -> WeightChannelConfig:
+    return WeightChannelConfig(**{"control_port": 0, "bucket_mb": 0.001, "transfer_timeout_s": 10.0, **kw})
+
+
+def named(v: int):
+    return [("w", torch.full((300,), float(v))), ("b", torch.arange(v + 1, dtype=torch.int64))]
+
+
+def publish_and_take(pub: WeightPublisher, rx: WeightReceiver, version: int, tensors) -> tuple:
+    """Publish in a thread while the receiver consumes; return (report, received, error)."""
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("report", _publish(pub, version, tensors, out)))
+    t.start()
+    got, err = None, None
+    update = rx.wait_for_update(timeout=15)
+    if update is not None:
+        try:
+            got = [(n, x.clone()) for n, x in update.tensors()]
+        except TransferError as e:
+            err = e
+    t.join(30)
+    if "exc" in out:
+        raise out["exc"]
+    return out["report"], update, got, err
+
+
+def _publish(pub, version, tensors, out):
+    try:
+        return pub.publish(version, tensors)
+    except Exception as e:  # re-raised in the test thread
+        out["exc"] = e
+        return None
+
+
+@pytest.fixture
+def channel():
+    pub = WeightPublisher(cfg()).start()
+    rx = WeightReceiver(cfg(), "r0", address=pub.control_address).connect()
+    assert pub.wait_for_replicas(1, timeout=10)
+    yield pub, rx
+    rx.close()
+    pub.close()
+
+
+def test_versions_go_forward_on_both_sides(channel):
+    pub, rx = channel
+    report, update, got, err = publish_and_take(pub, rx, 3, iter(named(3)))
+    assert report.error is None and report.delivered == ["r0"] and err is None
+    assert update.version == 3 and torch.equal(got[0][1], named(3)[0][1])
+    rx.report_loaded(3)
+    for bad in (3, 2, -1):
+        with pytest.raises(VersionError):
+            pub.publish(bad, iter(named(4)))
+    with pytest.raises(VersionError, match="after already serving"):
+        rx.report_loaded(2)
+    assert pub.latest_version == 3
+    report, update, got, err = publish_and_take(pub, rx, 5, iter(named(5)))
+    assert report.error is None and update.version == 5 and torch.equal(got[1][1], named(5)[1][1])
+
+
+def test_bad_tensor_aborts_the_transfer_and_loses_nothing(channel):
+    pub, rx = channel
+    dup = [("w", torch.zeros(300)), ("x", torch.zeros(300)), ("w", torch.zeros(3))]
+    with pytest.raises(PlanError, match="twice"):
+        publish_and_take(pub, rx, 1, iter(dup))
+    assert pub.latest_version == -1  # not published
+    with pytest.raises(PlanError, match="no tensors"):
+        pub.publish(1, iter([]))
+    # The receiver saw an aborted v1 (if it got that far) and is ready for the next epoch.
+    report, update, got, err = publish_and_take(pub, rx, 1, iter(named(1)))
+    assert report.error is None and update.version == 1 and err is None
+    assert [n for n, _ in got] == ["w", "b"]
+
+
+def test_snapshot_none_then_latest(channel):
+    pub, rx = channel
+    assert rx.fetch_snapshot() is None
+    publish_and_take(pub, rx, 7, iter(named(7)))
+    assert pub.wait_for_snapshot(7, timeout=10)
+    assert rx.fetch_snapshot(min_version=8) is None
+    snap = rx.fetch_snapshot(min_version=7)
+    assert snap.version == 7
+    assert {n: t for n, t in snap.tensors()}.keys() == {"w", "b"}
+    assert torch.equal(dict(snap.tensors())["w"], named(7)[0][1])
+
+
+def test_restarted_publisher_with_an_older_version_is_refused():
+    first = WeightPublisher(cfg()).start()
+    port = first.control_port
+    rx = WeightReceiver(cfg(connect_timeout_s=20), "r0", address=first.control_address).connect()
+    try:
+        assert first.wait_for_replicas(1, timeout=10)
+        assert publish_and_take(first, rx, 5, iter(named(5)))[0].error is None
+        first.close()
+        second = WeightPublisher(cfg(control_port=port)).start()  # the trainer restarted
+        try:
+            assert second.wait_for_replicas(1, timeout=20)  # the receiver re-subscribed
+            t = threading.Thread(target=second.publish, args=(4, iter(named(4))))
+            t.start()
+            with pytest.raises(VersionError, match="v4 after v5"):
+                rx.wait_for_update(timeout=15)
+            t.join(30)
+            report, update, got, err = publish_and_take(second, rx, 6, iter(named(6)))
+            assert report.error is None and update.version == 6 and err is None
+        finally:
+            second.close()
+    finally:
+        rx.close()
+        first.close()
+
+
+def test_receiver_without_publisher_fails_fast():
+    from services.net import free_port
+
+    with pytest.raises(TransferError, match="no WELCOME"):
+        WeightReceiver(cfg(), "lonely", address=f"127.0.0.1:{free_port()}").connect(timeout=1.0)
