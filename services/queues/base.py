@@ -228,6 +228,9 @@ class Queue(ABC):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.cfg.reconnect_backoff_max_s)
 
+    def _put_started(self) -> None:
+        """Hook: a put_frames call starts (its sequence numbers are fresh)."""
+
     def _on_disconnect(self) -> None:
         """Hook: a call failed with a transient error (backends may schedule recovery)."""
 
@@ -255,6 +258,7 @@ class Queue(ABC):
         async with self._put_lock:  # sequence numbers must reach the backend in order
             seqs = list(range(self._next_seq, self._next_seq + len(items)))
             self._next_seq += len(items)
+            self._put_started()
             delay = 0.005
             while items:
                 res = await self._retry(lambda: self._put_once(items, seqs, stage), deadline, "put")

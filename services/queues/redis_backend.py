@@ -100,6 +100,10 @@ class RedisQueue(Queue):
         self._recover = False  # after a disconnect: re-read our own pending entries once
         self._held: set[str] = set()  # entry ids handed to the application, not yet acked
         self._claim_cursor = "0-0"
+        self._blobs_sent: set[int] = set()  # seqs of the current put whose large frame is in Redis
+
+    def _put_started(self) -> None:
+        self._blobs_sent.clear()
 
     async def close(self) -> None:
         if self._own_client:
@@ -122,7 +126,9 @@ class RedisQueue(Queue):
                 payload = it.payload if not isinstance(it.payload, bytearray) else memoryview(it.payload)
                 if len(payload) >= cfg.large_frame_bytes:
                     key = f"{self._k_blob}{self.producer_id}:{seq}"
-                    pipe.set(key, payload, ex=cfg.large_frame_ttl_s)
+                    if seq not in self._blobs_sent:  # not again while waiting for room
+                        pipe.set(key, payload, ex=cfg.large_frame_ttl_s)
+                        self._blobs_sent.add(seq)
                     kind, value = "k", key
                 else:
                     kind, value = "d", payload
@@ -133,8 +139,10 @@ class RedisQueue(Queue):
             status = res[1].decode()
             got = [x.decode() or None for x in res[2:]]
             ids += got
+            for seq in cseqs[: len(got)]:
+                self._blobs_sent.discard(seq)
             if status == "blob":  # a large frame vanished (e.g. Redis restarted without persistence)
-                continue  # the next attempt re-sends the frames after the accepted prefix
+                self._blobs_sent.difference_update(cseqs)  # the next attempt sends them again
             if status != "ok" or len(got) < len(chunk):
                 break
         return PutOutcome(ids, gaps)
