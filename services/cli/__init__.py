@@ -26,7 +26,9 @@ class Subcommand:
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand("demo", "services.cli.demo", "build a DataProto, send it through the wire format, print it"),
     Subcommand("run", "services.cli.run", "run a job on this machine (controller + all services as subprocesses)"),
+    Subcommand("warm-start", "services.cli.warm_start", "a short supervised warm start (SFT) before RL"),
     Subcommand("validate", "services.cli.validate", "check a job spec and print it resolved (with a.b=c overrides)"),
+    Subcommand("gateway", "services.cli.gateway", "serve the REST + gRPC control plane and the dashboard (jobs in SQLite/PostgreSQL)"),
     Subcommand("make-dataset", "services.cli.make_dataset", "write a built-in synthetic task (verl parquet format)"),
     Subcommand("make-tiny-model", "services.cli.make_tiny_model", "write the tiny Qwen2-style test model (local tokenizer, random weights)"),
 ]

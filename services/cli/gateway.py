@@ -1,0 +1,58 @@
+"""``meshrl gateway``: serve the REST + gRPC control plane (see docs/gateway.md).
+
+The token comes from ``--token-file`` or the ``MESHRL_GATEWAY_TOKEN`` environment variable;
+the database from ``--db`` or ``MESHRL_GATEWAY_DB`` (default: SQLite in the runs dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_HTTP_PORT = 8600  # kept equal to services.gateway.server.DEFAULT_HTTP_PORT (a test checks)
+DEFAULT_GRPC_PORT = 8601
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=os.environ.get("MESHRL_GATEWAY_HOST", "127.0.0.1"), help="bind address")
+    p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT, help="REST port (default %(default)s)")
+    p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="JobService port; -1 disables it")
+    p.add_argument("--db", default=os.environ.get("MESHRL_GATEWAY_DB"), help="sqlite:///PATH or postgresql://URL")
+    p.add_argument("--runs-dir", default=os.environ.get("MESHRL_RUNS_DIR", "runs"), help="where jobs run")
+    p.add_argument("--token-file", help="file holding the bearer token (else $MESHRL_GATEWAY_TOKEN)")
+    p.add_argument("--launcher", choices=["local", "ray"], default="local", help="how jobs are started")
+    p.add_argument("--poll-interval", type=float, default=2.0, help="seconds between job status refreshes")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            print(f"meshrl gateway: cannot read --token-file: {exc}", file=sys.stderr)
+            return 2
+    else:
+        token = os.environ.get("MESHRL_GATEWAY_TOKEN", "")
+    if not token:
+        print("meshrl gateway: no token: set MESHRL_GATEWAY_TOKEN or pass --token-file", file=sys.stderr)
+        return 2
+    from services.gateway.server import Gateway, GatewaySettings
+
+    try:
+        settings = GatewaySettings(
+            token=token, host=args.host, port=args.port,
+            grpc_port=None if args.grpc_port < 0 else args.grpc_port, db_url=args.db,
+            runs_dir=Path(args.runs_dir), launcher=args.launcher, poll_interval=args.poll_interval,
+        )  # fmt: skip
+    except ValidationError as exc:
+        print(f"meshrl gateway: {exc}", file=sys.stderr)
+        return 2
+    gw = Gateway(settings).start()
+    print(f"meshrl gateway: REST {gw.http_url} (dashboard {gw.http_url}/dashboard), gRPC {gw.grpc_address}", flush=True)
+    gw.serve_forever()
+    return 0

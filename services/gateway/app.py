@@ -1,0 +1,199 @@
+"""The gateway's REST API (FastAPI).
+
+    app = create_app(manager, token="s3cret")      # uvicorn.run(app, ...)
+
+Every route under ``/v1`` and ``/metrics`` needs ``Authorization: Bearer <token>`` (compared
+in constant time); ``/health``, ``/ready``, ``/openapi.json`` and the dashboard page (static,
+it carries no data: its script calls the API with the token you give it) are open.
+Bad input is a 4xx whose ``detail`` says what is wrong; a bad spec names each field.
+"""
+
+
+import hmac
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from pydantic import ValidationError
+
+from services.gateway.dashboard import DASHBOARD_HTML
+from services.gateway.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
+from services.gateway.models import ErrorBody, Job, JobList, JobMetrics, JobStateName, JobSubmit
+from services.gateway.spec import MAX_SPEC_BYTES, SpecRejected
+
+_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/plain")
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or wrong bearer token"},
+    404: {"model": ErrorBody, "description": "no such job"},
+    409: {"model": ErrorBody, "description": "the job's state does not allow this"},
+}
+JobId = Annotated[str, Path(min_length=1, max_length=128, description="job id from `POST /v1/jobs`")]
+
+
+def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway") -> FastAPI:
+    """The FastAPI application over ``manager``, guarded by ``token``."""
+    if not token:
+        raise ValueError("the gateway needs a non-empty token")
+    expected = token.encode()
+    bearer = HTTPBearer(auto_error=False, description="the gateway token (`--token` / MESHRL_GATEWAY_TOKEN)")
+
+    def require_token(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+        given = creds.credentials.encode("utf-8", "surrogatepass") if creds is not None else b""
+        if creds is None or not hmac.compare_digest(given, expected):
+            raise HTTPException(
+                401, "missing or wrong bearer token (send `Authorization: Bearer <token>`)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )  # fmt: skip
+
+    auth = [Depends(require_token)]
+    app = FastAPI(
+        title=title,
+        version="1",
+        description="Submit, list, control and watch meshrl jobs. Every `/v1` call needs a bearer token.",
+    )
+    registry = CollectorRegistry()
+    jobs_gauge = Gauge("meshrl_gateway_jobs", "Jobs known to the gateway, by state", ["state"], registry=registry)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
+
+    # -- probes, metrics, dashboard ------------------------------------------------------------------------------
+
+    @app.get("/health", tags=["probes"], summary="process is alive")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", tags=["probes"], summary="the job store answers", responses={503: {"model": ErrorBody}})
+    def ready() -> dict[str, Any]:
+        try:
+            version = manager.store.version()
+        except Exception as exc:  # the database being down is the one 5xx: not ready
+            raise HTTPException(503, f"job store not reachable: {exc}") from None
+        return {"status": "ready", "schema_version": version}
+
+    @app.get("/metrics", tags=["probes"], dependencies=auth, responses=_ERRORS, response_class=Response)
+    def metrics() -> Response:
+        counts = {s: 0 for s in JobStateName.__args__}  # type: ignore[attr-defined]
+        for row in manager.store.list(limit=10_000):
+            counts[row.state] = counts.get(row.state, 0) + 1
+        for state, n in counts.items():
+            jobs_gauge.labels(state=state).set(n)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/dashboard")
+
+    @app.get("/dashboard", tags=["dashboard"], response_class=HTMLResponse, summary="live dashboard page")
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse(DASHBOARD_HTML)
+
+    # -- jobs ------------------------------------------------------------------------------------------------
+
+    @app.post(
+        "/v1/jobs",
+        tags=["jobs"],
+        status_code=201,
+        response_model=Job,
+        dependencies=auth,
+        summary="submit a job",
+        responses={**_ERRORS, 400: {"model": ErrorBody, "description": "bad spec: names each bad field"},
+                   413: {"model": ErrorBody}, 415: {"model": ErrorBody}},  # fmt: skip
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": JobSubmit.model_json_schema()},
+                    "application/yaml": {"schema": {"type": "string", "description": "the YAML job spec file"}},
+                },
+            },
+            "parameters": [
+                {
+                    "name": "override", "in": "query", "required": False,
+                    "schema": {"type": "array", "items": {"type": "string"}},
+                    "description": "with a YAML body: `a.b=c` overrides (repeat the parameter)",
+                }
+            ],
+        },  # fmt: skip
+    )
+    async def submit(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        if len(body) > MAX_SPEC_BYTES:
+            raise HTTPException(413, f"request body over {MAX_SPEC_BYTES} bytes")
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype == "application/json":
+            try:
+                sub = JobSubmit.model_validate_json(body)
+            except ValidationError as exc:
+                parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()]
+                raise HTTPException(400, "; ".join(parts)) from None
+            spec, overrides = sub.spec, sub.overrides
+        elif ctype in _YAML_TYPES:
+            try:
+                spec = body.decode("utf-8")
+            except UnicodeDecodeError:
+                raise HTTPException(400, "spec: the YAML body is not UTF-8") from None
+            overrides = request.query_params.getlist("override")
+        else:
+            raise HTTPException(415, f"send the spec as application/json or application/yaml, not {ctype or 'nothing'!r}")
+        try:
+            row = await _in_thread(manager.submit, spec, overrides)
+        except SpecRejected as exc:
+            raise HTTPException(400, str(exc)) from None
+        return job_to_dict(row)
+
+    @app.get("/v1/jobs", tags=["jobs"], response_model=JobList, dependencies=auth, responses=_ERRORS,
+             summary="list jobs, newest first")  # fmt: skip
+    def list_jobs(
+        state: Annotated[JobStateName | None, Query(description="only jobs in this state")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    ) -> dict[str, Any]:
+        return {"jobs": [job_to_dict(r) for r in manager.list(state=state, limit=limit, offset=offset)]}
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], response_model=Job, dependencies=auth, responses=_ERRORS,
+             summary="one job, with its resolved spec")  # fmt: skip
+    def get_job(job_id: JobId) -> dict[str, Any]:
+        return job_to_dict(_found(manager.get, job_id), with_spec=True)
+
+    @app.get("/v1/jobs/{job_id}/metrics", tags=["jobs"], response_model=JobMetrics, dependencies=auth,
+             responses=_ERRORS, summary="the job's metric series (for curves)")  # fmt: skip
+    def job_metrics(
+        job_id: JobId,
+        since: Annotated[float, Query(ge=0, le=1e12, allow_inf_nan=False, description="only points after this ts")] = 0.0,
+    ) -> dict[str, Any]:
+        return _found(manager.metrics, job_id, since=since)
+
+    def action_route(verb: str, fn: Any, doc: str) -> None:
+        @app.post(f"/v1/jobs/{{job_id}}:{verb}", tags=["jobs"], response_model=Job, dependencies=auth,
+                  responses=_ERRORS, summary=doc, name=f"{verb}_job")  # fmt: skip
+        def _action(job_id: JobId) -> dict[str, Any]:
+            return job_to_dict(_found(fn, job_id))
+
+    action_route("cancel", manager.cancel, "cancel a job (terminate, then kill after a timeout)")
+    action_route("pause", manager.pause, "pause a running job")
+    action_route("resume", manager.resume, "resume a paused job")
+    return app
+
+
+def _found(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except JobNotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except JobConflict as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)
+
+
+__all__ = ["create_app"]

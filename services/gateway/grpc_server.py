@@ -1,0 +1,136 @@
+"""The gateway's gRPC ``JobService`` (proto/job.proto) over the same :class:`JobManager`.
+
+    server = start_grpc(manager, token, host="127.0.0.1", port=0)   # -> (grpc.Server, bound port)
+
+Auth is the metadata ``authorization: Bearer <token>`` (constant-time compare); errors map
+to status codes: UNAUTHENTICATED, INVALID_ARGUMENT (bad spec, names the fields), NOT_FOUND,
+FAILED_PRECONDITION (state does not allow it).
+"""
+
+from __future__ import annotations
+
+import hmac
+from concurrent import futures
+from typing import Any, Callable
+
+import grpc
+
+from services.gateway.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
+from services.gateway.spec import SpecRejected
+from services.launch.base import JobState
+from services.pb import job_pb2, job_pb2_grpc
+
+_STATES = {s.value for s in JobState}
+_PROGRESS_INT = ("step", "total_steps")
+_PROGRESS_FLOAT = ("reward_mean", "staleness", "tokens_per_s")
+
+
+def progress_msg(progress: dict[str, Any]) -> job_pb2.JobProgressInfo:
+    """status.json progress -> JobProgressInfo (fields of the wrong type are left out)."""
+    msg = job_pb2.JobProgressInfo()
+    for key in _PROGRESS_INT:
+        if isinstance(progress.get(key), int) and not isinstance(progress.get(key), bool):
+            setattr(msg, key, progress[key])
+    for key in _PROGRESS_FLOAT:
+        if isinstance(progress.get(key), (int, float)) and not isinstance(progress.get(key), bool):
+            setattr(msg, key, float(progress[key]))
+    queues = progress.get("queues")
+    if isinstance(queues, dict):
+        for name, depth in queues.items():
+            if isinstance(depth, int) and not isinstance(depth, bool):
+                msg.queues[str(name)] = depth
+    return msg
+
+
+def job_msg(job: dict[str, Any]) -> job_pb2.JobInfo:
+    msg = job_pb2.JobInfo(
+        id=job["id"], name=job["name"], state=job["state"], detail=job["detail"], launcher=job["launcher"],
+        overrides=job["overrides"], created_at=job["created_at"], updated_at=job["updated_at"],
+        progress=progress_msg(job["progress"]), spec_yaml=job.get("spec") or "",
+    )  # fmt: skip
+    if job["exit_code"] is not None:
+        msg.exit_code = job["exit_code"]
+    return msg
+
+
+class JobServicer(job_pb2_grpc.JobServiceServicer):
+    """Implements JobService; every method checks the token first."""
+
+    def __init__(self, manager: JobManager, token: str) -> None:
+        if not token:
+            raise ValueError("the gateway needs a non-empty token")
+        self.manager = manager
+        self._expected = token.encode()
+
+    def _check(self, context: grpc.ServicerContext) -> None:
+        given = b""
+        for key, value in context.invocation_metadata():
+            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+                given = value[len("Bearer ") :].encode("utf-8", "surrogatepass")
+        if not hmac.compare_digest(given, self._expected):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata authorization)")
+
+    def _call(self, context: grpc.ServicerContext, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        self._check(context)
+        try:
+            return fn(*args, **kw)
+        except SpecRejected as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except JobNotFound as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except JobConflict as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+    def SubmitJob(self, request, context):  # noqa: N802 (gRPC names)
+        row = self._call(context, self.manager.submit, request.spec_yaml, list(request.overrides))
+        return job_msg(job_to_dict(row))
+
+    def ListJobs(self, request, context):  # noqa: N802
+        self._check(context)
+        if request.state and request.state not in _STATES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"state: expected one of {sorted(_STATES)}")
+        if request.limit > 1000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: at most 1000")
+        rows = self._call(
+            context, self.manager.list, state=request.state or None, limit=request.limit or 100, offset=request.offset
+        )
+        return job_pb2.JobListReply(jobs=[job_msg(job_to_dict(r)) for r in rows])
+
+    def GetJob(self, request, context):  # noqa: N802
+        return job_msg(job_to_dict(self._call(context, self.manager.get, request.id), with_spec=True))
+
+    def CancelJob(self, request, context):  # noqa: N802
+        return job_msg(job_to_dict(self._call(context, self.manager.cancel, request.id)))
+
+    def PauseJob(self, request, context):  # noqa: N802
+        return job_msg(job_to_dict(self._call(context, self.manager.pause, request.id)))
+
+    def ResumeJob(self, request, context):  # noqa: N802
+        return job_msg(job_to_dict(self._call(context, self.manager.resume, request.id)))
+
+    def GetJobMetrics(self, request, context):  # noqa: N802
+        if not (0.0 <= request.since <= 1e12):  # also refuses NaN
+            self._check(context)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "since: a unix time between 0 and 1e12")
+        m = self._call(context, self.manager.metrics, request.id, since=request.since)
+        points = [
+            job_pb2.JobMetricPoint(ts=p["ts"], progress=progress_msg({k: v for k, v in p.items() if k != "ts"}))
+            for p in m["points"]
+        ]
+        return job_pb2.JobMetricsReply(id=m["id"], state=m["state"], progress=progress_msg(m["progress"]), points=points)
+
+
+def start_grpc(
+    manager: JobManager, token: str, *, host: str = "127.0.0.1", port: int = 0, workers: int = 8
+) -> tuple[grpc.Server, int]:
+    """Start a JobService server; return it and the bound port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jobservice"))
+    job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(manager, token), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the JobService to {host}:{port}")
+    server.start()
+    return server, bound
+
+
+__all__ = ["JobServicer", "start_grpc"]

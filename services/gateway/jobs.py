@@ -1,0 +1,222 @@
+"""The gateway's job logic, shared by the REST and gRPC front ends.
+
+    manager = JobManager(open_store(url), LocalLauncher(), Path("runs"))
+    row = manager.submit(spec_yaml_or_dict, ["rollout.n=4"])
+    manager.pause(row.id); manager.resume(row.id); manager.cancel(row.id)
+    manager.metrics(row.id) -> {"progress": {...}, "points": [...]}
+
+Job states follow :class:`services.launch.base.JobState`. The manager refreshes a job's state
+from its launcher whenever it is read, and a poller thread (``start()``) does the same for
+every unfinished job, recording a metric point each time the job's progress changes — the
+series the dashboard draws.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from services.gateway.spec import validate_spec
+from services.gateway.store import JobRow, JobStore
+from services.launch.base import JobState, LaunchError, Launcher
+
+log = logging.getLogger(__name__)
+_FINISHED = {s.value for s in JobState if s.finished}
+
+
+class JobNotFound(LookupError):
+    """No job has that id."""
+
+
+class JobConflict(RuntimeError):
+    """The job is not in a state that allows the request (e.g. pausing a finished job)."""
+
+
+def job_to_dict(row: JobRow, *, with_spec: bool = False) -> dict[str, Any]:
+    """The public view of a job (REST body and gRPC message carry the same fields)."""
+    out: dict[str, Any] = {
+        "id": row.id,
+        "name": row.name,
+        "state": row.state,
+        "detail": row.detail,
+        "exit_code": row.exit_code,
+        "launcher": row.launcher,
+        "overrides": row.overrides,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "progress": row.progress,
+    }
+    if with_spec:
+        out["spec"] = row.spec_yaml
+    return out
+
+
+class JobManager:
+    """Submit, list, control and observe jobs; state lives in the :class:`JobStore`."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        launcher: Launcher,
+        runs_dir: Path,
+        *,
+        poll_interval: float = 2.0,
+        cancel_timeout: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.launcher = launcher
+        self.runs_dir = Path(runs_dir)
+        self.poll_interval = poll_interval
+        self.cancel_timeout = cancel_timeout
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    def start(self) -> "JobManager":
+        """Start the poller thread that keeps unfinished jobs' states and metric series fresh."""
+        if self._poller is None:
+            self._poller = threading.Thread(target=self._poll_loop, name="job-poller", daemon=True)
+            self._poller.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout=10)
+
+    def _poll_loop(self) -> None:
+        while not self._stop.wait(self.poll_interval):
+            try:
+                for state in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED):
+                    for row in self.store.list(state=state.value, limit=1000):
+                        self._refresh(row)
+            except Exception:  # keep polling through a database hiccup; it is logged
+                log.exception("job poller: refresh failed")
+
+    # -- queries ----------------------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRow:
+        row = self.store.get(job_id)
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id!r}")
+        return self._refresh(row)
+
+    def list(self, *, state: str | None = None, limit: int = 100, offset: int = 0) -> list[JobRow]:
+        return [self._refresh(r) for r in self.store.list(state=state, limit=limit, offset=offset)]
+
+    def metrics(self, job_id: str, *, since: float = 0.0, limit: int = 2000) -> dict[str, Any]:
+        """The job's latest progress and its series of metric points after ``since``."""
+        row = self.get(job_id)
+        points = [{"ts": ts, **data} for ts, data in self.store.points(job_id, since=since, limit=limit)]
+        return {"id": row.id, "name": row.name, "state": row.state, "progress": row.progress, "points": points}
+
+    # -- commands ---------------------------------------------------------------------------------------------
+
+    def submit(self, spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> JobRow:
+        """Validate (raises :class:`~services.gateway.spec.SpecRejected`), store, launch."""
+        valid = validate_spec(spec, overrides)
+        job_id = f"{valid.name}-{secrets.token_hex(4)}"
+        row = JobRow(
+            id=job_id, name=valid.name, state=JobState.PENDING.value, spec_yaml=valid.resolved_yaml,
+            overrides=list(overrides), launcher=self.launcher.kind,
+        )  # fmt: skip
+        self.store.insert(row)
+        try:
+            handle = self.launcher.start(job_id, valid.resolved_yaml, self.runs_dir / job_id)
+        except LaunchError as exc:
+            self.store.update(job_id, state=JobState.FAILED.value, detail=f"launch failed: {exc}")
+        else:
+            self.store.update(job_id, state=JobState.RUNNING.value, handle=handle)
+        return self.get(job_id)
+
+    def pause(self, job_id: str) -> JobRow:
+        with self._lock:
+            row = self.get(job_id)
+            if row.state != JobState.RUNNING.value:
+                raise JobConflict(f"job {job_id} is {row.state}; only a running job can be paused")
+            self._control(row, self.launcher.pause)
+            self.store.update(job_id, state=JobState.PAUSED.value)
+        return self._wait_state(job_id, JobState.PAUSED)
+
+    def resume(self, job_id: str) -> JobRow:
+        with self._lock:
+            row = self.get(job_id)
+            if row.state != JobState.PAUSED.value:
+                raise JobConflict(f"job {job_id} is {row.state}; only a paused job can be resumed")
+            self._control(row, self.launcher.resume)
+            self.store.update(job_id, state=JobState.RUNNING.value)
+        return self._wait_state(job_id, JobState.RUNNING)
+
+    def cancel(self, job_id: str) -> JobRow:
+        """Mark the job cancelled at once; the launcher stops it in the background
+        (terminate, then kill after ``cancel_timeout``)."""
+        with self._lock:
+            row = self.get(job_id)
+            if row.state in _FINISHED:
+                raise JobConflict(f"job {job_id} is already {row.state}")
+            self.store.update(job_id, state=JobState.CANCELLED.value, detail="cancelled by request")
+        if row.handle:
+            threading.Thread(
+                target=self._cancel_quietly, args=(row.handle,), name=f"cancel-{job_id}", daemon=True
+            ).start()
+        return self.store.get(job_id)  # type: ignore[return-value]
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _cancel_quietly(self, handle: dict[str, Any]) -> None:
+        try:
+            self.launcher.cancel(handle, timeout=self.cancel_timeout)
+        except Exception:
+            log.exception("cancel failed")
+
+    def _control(self, row: JobRow, action: Any) -> None:
+        try:
+            action(row.handle)
+        except LaunchError as exc:
+            raise JobConflict(f"job {row.id}: {exc}") from None
+
+    def _wait_state(self, job_id: str, want: JobState, timeout: float = 2.0) -> JobRow:
+        """Signals land asynchronously; give the launcher a moment to see the new state."""
+        row = self.get(job_id)
+        waited = threading.Event()  # never set: a sleep that reads well
+        for _ in range(int(timeout / 0.05)):
+            if row.state == want.value or row.state in _FINISHED:
+                break
+            waited.wait(0.05)
+            row = self.get(job_id)
+        return row
+
+    def _refresh(self, row: JobRow) -> JobRow:
+        """Ask the launcher about an unfinished job; store what changed and a metric point."""
+        if row.state in _FINISHED or not row.handle:
+            return row
+        try:
+            status = self.launcher.status(row.handle)
+        except Exception as exc:  # a launcher that cannot answer leaves the job as it was
+            log.warning("status of %s failed: %s", row.id, exc)
+            return row
+        with self._lock:
+            current = self.store.get(row.id)
+            if current is None or current.state in _FINISHED:  # cancelled meanwhile
+                return current or row
+            changes: dict[str, Any] = {}
+            state = status.state.value
+            if state != current.state:
+                changes["state"] = state
+            if status.detail != current.detail:
+                changes["detail"] = status.detail
+            if status.exit_code != current.exit_code:
+                changes["exit_code"] = status.exit_code
+            if status.progress and status.progress != current.progress:
+                changes["progress"] = status.progress
+                self.store.add_point(row.id, status.progress)
+            if changes:
+                self.store.update(row.id, **changes)
+                current = self.store.get(row.id) or current
+            return current

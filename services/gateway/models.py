@@ -1,0 +1,74 @@
+"""Pydantic bodies of the gateway's REST API (they are its published OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStateName = Literal["pending", "running", "paused", "succeeded", "failed", "cancelled"]
+
+
+class JobSubmit(BaseModel):
+    """``POST /v1/jobs`` as JSON. (Send ``application/yaml`` instead to post the YAML file
+    itself, with overrides as repeated ``override`` query parameters.)"""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str | dict[str, Any] = Field(
+        description="the job spec: YAML text, or the same structure as a JSON object (see `meshrl validate`)"
+    )
+    overrides: list[str] = Field(
+        default_factory=list, max_length=256, description="OmegaConf-style `a.b=c` overrides applied to the spec"
+    )
+
+
+class JobProgress(BaseModel):
+    """What the job driver last reported (``status.json``); every field may be missing."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: int | None = Field(None, description="optimizer steps done")
+    total_steps: int | None = Field(None, description="trainer.total_steps")
+    reward_mean: float | None = Field(None, description="mean training reward of the last step")
+    staleness: float | None = Field(None, description="mean policy-version lag of the last batch")
+    tokens_per_s: float | None = Field(None, description="generated tokens per second")
+    queues: dict[str, int] | None = Field(None, description="stream name -> depth")
+
+
+class Job(BaseModel):
+    """A job as the gateway knows it."""
+
+    id: str = Field(description="job id: `<name>-<8 hex>`")
+    name: str = Field(description="the spec's `name`")
+    state: JobStateName = Field(description="lifecycle state")
+    detail: str = Field(description="human-readable: progress, or why it failed")
+    exit_code: int | None = Field(description="the job driver's exit code once it has exited (if known)")
+    launcher: str = Field(description="launcher that runs it (`local`, `ray`)")
+    overrides: list[str] = Field(description="the overrides it was submitted with")
+    created_at: float = Field(description="unix seconds")
+    updated_at: float = Field(description="unix seconds")
+    progress: JobProgress = Field(description="latest progress")
+    spec: str | None = Field(None, description="the resolved spec (YAML); only in `GET /v1/jobs/{id}`")
+
+
+class JobList(BaseModel):
+    jobs: list[Job] = Field(description="newest first")
+
+
+class MetricPoint(JobProgress):
+    ts: float = Field(description="unix seconds when the gateway saw this progress")
+
+
+class JobMetrics(BaseModel):
+    """A job's metric series, for curves (the dashboard polls this)."""
+
+    id: str
+    name: str
+    state: JobStateName
+    progress: JobProgress
+    points: list[MetricPoint] = Field(description="oldest first; pass the last `ts` as `since` to get only new ones")
+
+
+class ErrorBody(BaseModel):
+    detail: str | list[Any] = Field(description="what was wrong; for a bad spec every bad field as `path: problem`")

@@ -1,0 +1,66 @@
+"""A stand-in job driver for the gateway/launcher tests: a real program, not a mock.
+
+    python gateway_fake_job.py SPEC --run-dir DIR
+
+It behaves like ``meshrl run`` as the launcher sees it: reads the spec, rewrites
+``DIR/status.json`` every step (state, step, total_steps, reward_mean, staleness,
+tokens_per_s, queues, detail) and exits. Knobs (environment):
+
+    FAKE_STEPS        steps to run (default 5)
+    FAKE_INTERVAL     seconds per step (default 0.1)
+    FAKE_EXIT         exit code at the end (default 0); non-zero writes state "failed"
+    FAKE_IGNORE_TERM  "1": ignore SIGTERM (so cancel must SIGKILL)
+    FAKE_CHILD        "1": start a child process in the same group; its pid goes to DIR/child.pid
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def write_status(run_dir: Path, **status: object) -> None:
+    tmp = run_dir / "status.json.tmp"
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, run_dir / "status.json")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("spec")
+    p.add_argument("--run-dir", required=True)
+    args = p.parse_args()
+    run_dir = Path(args.run_dir)
+    spec_text = Path(args.spec).read_text()  # must exist: the launcher wrote it
+    steps = int(os.environ.get("FAKE_STEPS", "5"))
+    interval = float(os.environ.get("FAKE_INTERVAL", "0.1"))
+    code = int(os.environ.get("FAKE_EXIT", "0"))
+    if os.environ.get("FAKE_IGNORE_TERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.environ.get("FAKE_CHILD") == "1":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        (run_dir / "child.pid").write_text(str(child.pid))
+    print(f"fake job: {len(spec_text)} bytes of spec, {steps} steps", flush=True)
+    for step in range(1, steps + 1):
+        time.sleep(interval)
+        write_status(
+            run_dir, state="running", step=step, total_steps=steps, reward_mean=round(step / steps, 4),
+            staleness=0.5, tokens_per_s=100.0 + step, queues={"prompts": step, "rollouts": 1, "experience": 0},
+            detail=f"step {step}/{steps}",
+        )  # fmt: skip
+    final = "succeeded" if code == 0 else "failed"
+    write_status(run_dir, state=final, step=steps, total_steps=steps, reward_mean=1.0, staleness=0.5,
+                 tokens_per_s=100.0 + steps, queues={"prompts": 0, "rollouts": 0, "experience": 0},
+                 detail="done" if code == 0 else "trainer crashed: boom")  # fmt: skip
+    print("fake job: finished", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

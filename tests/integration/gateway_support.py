@@ -1,0 +1,67 @@
+"""Helpers for the gateway tests: a real gateway on loopback running real (stand-in) jobs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.launch.local import LocalLauncher
+
+FAKE_JOB = Path(__file__).with_name("gateway_fake_job.py")
+TOKEN = "test-token-0123456789"
+
+#: The smallest spec the job schema accepts (the stand-in driver does not read its fields).
+VALID_SPEC: dict[str, Any] = {
+    "name": "arith-test",
+    "model": {"path": "tiny-model"},
+    "data": {"train_files": ["train.parquet"], "train_batch_size": 4},
+    "actor": {"ppo_mini_batch_size": 4},
+    "rollout": {"n": 2},
+}
+VALID_SPEC_YAML = yaml.safe_dump(VALID_SPEC)
+
+
+def fake_launcher(**env: str | int | float) -> LocalLauncher:
+    """A LocalLauncher whose driver is the stand-in job program (FAKE_* knobs as env)."""
+    return LocalLauncher(command=[sys.executable, str(FAKE_JOB)], env={k: str(v) for k, v in env.items()})
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``pred`` until truthy; fail the test (not hang) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@contextmanager
+def running_gateway(tmp_path: Path, launcher: LocalLauncher, db_url: str | None = None, grpc: bool = True) -> Iterator[Any]:
+    """A real gateway (uvicorn + gRPC) on free loopback ports; stopped and jobs cancelled after."""
+    from services.gateway.server import Gateway, GatewaySettings
+
+    settings = GatewaySettings(
+        token=TOKEN, host="127.0.0.1", port=0, grpc_port=0 if grpc else None, db_url=db_url,
+        runs_dir=tmp_path / "runs", poll_interval=0.1, cancel_timeout=2.0,
+    )  # fmt: skip
+    gw = Gateway(settings, launcher=launcher).start()
+    try:
+        yield gw
+    finally:
+        for row in gw.store.list(limit=1000):
+            if row.handle and row.state in ("running", "paused", "pending", "cancelled"):
+                launcher.cancel(row.handle, timeout=2.0)
+        gw.stop()
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
