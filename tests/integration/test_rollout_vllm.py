@@ -35,8 +35,17 @@ class EngineLoop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+        async def cancel_rest():
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        try:
+            self.run(cancel_rest(), timeout=30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +64,8 @@ def rig(tiny_model: str):
     try:
         yield el, engine, replica
     finally:
-        engine.shutdown()
         el.close()
+        engine.shutdown()
 
 
 def _item(rows: list, *, uid: str = "g", n: int | None = None, validate: bool = False):
@@ -312,3 +321,160 @@ def test_grpc_and_http_surface(rig, tiny_model: str) -> None:
     finally:
         http.stop()
         el.run(server.stop(grace=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# The weight channel: one publisher, two replicas (this module's engine + a replica process)
+
+
+class ReplicaProcess:
+    """``python -m rollout_svc`` in a subprocess; waits (with a deadline) for its READY line."""
+
+    def __init__(self, config_path, name: str) -> None:
+        import json
+        import queue
+        import subprocess
+        import sys
+
+        env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rollout_svc", "--config", str(config_path), "--name", name],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        self.lines: list[str] = []
+        q: queue.Queue = queue.Queue()
+
+        def pump():
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if line.startswith("READY "):
+                    q.put(json.loads(line[6:]))
+            q.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            info = q.get(timeout=300)
+        except Exception:
+            info = None
+        if info is None:
+            self.kill()
+            raise AssertionError("replica process did not become ready:\n" + "".join(self.lines[-40:]))
+        self.grpc_port, self.metrics_port = info["grpc_port"], info["metrics_port"]
+
+    def status(self):
+        import grpc
+
+        from services.pb import rollout_pb2, rollout_pb2_grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as ch:
+            return rollout_pb2_grpc.RolloutServiceStub(ch).Status(rollout_pb2.RolloutStatusRequest(), timeout=10)
+
+    def generate(self, item):
+        import grpc
+
+        from services import wire
+        from services.pb import rollout_pb2, rollout_pb2_grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as ch:
+            stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+            resp = stub.Generate(rollout_pb2.RolloutGenerateRequest(frame=bytes(wire.encode(item))), timeout=DEADLINE_S)
+        return wire.decode(bytearray(resp.frame))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def terminate(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=60)
+        except Exception:
+            self.kill()
+            raise
+
+
+def _wait(pred, timeout: float = DEADLINE_S, what: str = "condition") -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: str, tmp_path) -> None:
+    import yaml
+    from safetensors.torch import load_file
+
+    from rollout_svc.subscriber import run_weight_subscriber
+    from services.config.weights import WeightChannelConfig
+    from services.weights import WeightPublisher
+
+    el, engine, replica = rig
+    pub = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=0, transfer_timeout_s=10.0)).start()
+    port = int(pub.control_address.rsplit(":", 1)[1])
+    wcfg = WeightChannelConfig(host="127.0.0.1", control_port=port, transfer_timeout_s=10.0, connect_timeout_s=20.0)
+    spec = {
+        "model": {"path": tiny_model},
+        "rollout": {"prompt_length": PROMPT_LEN, "response_length": RESPONSE_LEN, "max_num_seqs": 16},
+        "weights": wcfg.model_dump(),
+    }
+    cfg_path = tmp_path / "replica.yaml"
+    cfg_path.write_text(yaml.safe_dump(spec))
+    stop = asyncio.Event()
+    sub_future = asyncio.run_coroutine_threadsafe(run_weight_subscriber(replica, wcfg, "inproc", stop), el.loop)
+    proc = ReplicaProcess(cfg_path, "subproc")
+    proc2 = None
+    try:
+        assert pub.wait_for_replicas(2, timeout=60)
+        original = load_file(f"{tiny_model}/model.safetensors")
+        zeroed = dict(original)
+        zeroed["model.norm.weight"] = torch.zeros_like(original["model.norm.weight"])
+        prompt = _prompt(tiny_model, "9+9=")
+
+        # 1. one publish reaches both replicas; both now generate the zero-norm output
+        v1 = engine.version + 1
+        report = pub.publish(v1, iter(zeroed.items()))
+        assert report.error is None and sorted(report.delivered) == ["inproc", "subproc"]
+        assert pub.wait_for_replicas(2, timeout=60, served_version=v1)
+        assert engine.version == v1 and proc.status().served_version == v1
+        assert _greedy(el, replica, prompt, "ch0")[0] == [0] * RESPONSE_LEN
+        out = proc.generate(_item([prompt], uid="ch-sub", validate=True))
+        assert out.batch["responses"][0].tolist() == [0] * RESPONSE_LEN
+        assert out.batch["policy_version"].tolist() == [v1]
+
+        # 2. the replica process dies while v2 is being published: the publisher is not
+        #    stalled past its deadline and the surviving replica serves v2
+        v2 = v1 + 1
+        result: dict = {}
+        t = threading.Thread(target=lambda: result.update(r=pub.publish(v2, iter(original.items()))), daemon=True)
+        t.start()
+        proc.kill()
+        t.join(timeout=wcfg.transfer_timeout_s * 4 + 30)
+        assert not t.is_alive(), "publish() stalled on a dead replica"
+        # delivered directly, or (a collective with a dead member fails for everyone) caught
+        # up from the publisher's snapshot of v2
+        _wait(lambda: engine.version == v2, what="in-process replica to serve v2")
+        assert result["r"].version == v2
+        assert pub.wait_for_snapshot(v2, timeout=60)
+
+        # 3. a restarted replica rejoins by pulling the snapshot: v2 without a new publish
+        proc2 = ReplicaProcess(cfg_path, "subproc")
+        _wait(lambda: proc2.status().served_version == v2, what="restarted replica to load the v2 snapshot")
+        out = proc2.generate(_item([prompt], uid="ch-sub2", validate=True))
+        before = _greedy(el, replica, prompt, "ch1")[0]
+        assert out.batch["responses"][0][out.batch["response_mask"][0].bool()].tolist() == before
+        assert before != [0] * RESPONSE_LEN
+        assert proc2.terminate() == 0  # SIGTERM: clean shutdown
+    finally:
+        stop.set()
+        for p in (proc, proc2):
+            if p is not None:
+                p.kill()
+        try:
+            sub_future.result(timeout=60)
+        finally:
+            pub.close()
