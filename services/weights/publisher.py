@@ -447,6 +447,10 @@ class WeightPublisher:
                     sub.received_version = max(sub.received_version, req.policy_version)
                 if req.epoch == self._epoch or req.status == pb.ACK_STATUS_RECEIVED:
                     sub.ready = True
+                if req.status == pb.ACK_STATUS_FAILED and req.epoch == self._epoch and self._group is not None \
+                        and sub in self._members:
+                    # A member gave up on this epoch: fail the transfer now, not at the deadline.
+                    self._group.abort(f"{req.replica_id} failed: {req.message or 'no reason given'}")
             self._lock.notify_all()
         if self._metrics is not None and req.status == pb.ACK_STATUS_LOADED:
             self._metrics.served(req.replica_id, req.policy_version)
