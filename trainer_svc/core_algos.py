@@ -16,7 +16,8 @@ What is here (details and worked examples in docs/algorithms.md):
   ``seq-mean-token-sum-norm``, with verl's global-batch arguments);
 - policy losses by name (``POLICY_LOSS_REGISTRY``, ``register_policy_loss``,
   ``get_policy_loss_fn``): ``vanilla`` (clip, asymmetric clip, dual clip), ``gspo``,
-  ``gpg``; the deprecated 4-tuple ``compute_policy_loss``; ``compute_value_loss``,
+  ``gpg``, ``dppo_tv``, ``dppo_kl``, ``sapo``, ``cispo``, ``geo_mean``, ``dro``,
+  ``clip_cov``, ``kl_cov``; the deprecated 4-tuple ``compute_policy_loss``; ``compute_value_loss``,
   ``compute_entropy_loss``;
 - KL in reward: ``compute_rewards``, ``FixedKLController``, ``AdaptiveKLController``,
   ``get_kl_controller``, ``apply_kl_penalty``;
@@ -82,6 +83,16 @@ from trainer_svc.algos.policy_loss import (
     compute_value_loss,
     global_batch_kwargs,
 )
+from trainer_svc.algos.policy_loss_extra import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_sapo,
+)
 from trainer_svc.algos.registry import (
     ADV_ESTIMATOR_REGISTRY,
     POLICY_LOSS_REGISTRY,
@@ -119,8 +130,16 @@ __all__ = [
     "compute_off_policy_weights",
     "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
+    "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",

@@ -31,6 +31,17 @@ CLIP_CONFIGS = {
     "sym": {"clip_ratio": 0.2},
     "asym": {"clip_ratio": 0.2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.28, "clip_ratio_c": 2.0},
 }
+POLICY_LOSSES = ["vanilla", "gspo", "gpg", "dppo_tv", "dppo_kl", "sapo", "cispo", "geo_mean", "dro", "clip_cov", "kl_cov"]
+#: ``config.policy_loss`` settings for the losses that read them (large shares, so the
+#: covariance-based losses actually select tokens on these small inputs).
+POLICY_LOSS_SETTINGS = {
+    "clip_cov_ratio": 0.1,
+    "clip_cov_lb": 0.05,
+    "clip_cov_ub": 5.0,
+    "kl_cov_ratio": 0.1,
+    "ppo_kl_coef": 0.3,
+    "dro_beta": 0.5,
+}
 GLOBAL_BATCH = {"dp_size": 4, "batch_num_tokens": 100, "global_batch_size": 40, "loss_scale_factor": 13}
 
 
@@ -123,10 +134,11 @@ def run_cases(impl: Any, x: dict[str, Any]) -> dict[str, torch.Tensor]:
     tis = impl.is_weights(x["old"] - x["rollout"], mask, "token", 2.0, False)
     put("is/tis_token", tis)
     for clip_name, clip_cfg in CLIP_CONFIGS.items():
-        for loss_name in ("vanilla", "gspo", "gpg"):
+        for loss_name in POLICY_LOSSES:
             for weights_name, weights in (("none", None), ("tis", tis)):
                 for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
                     logp = x["logp"].clone().requires_grad_(True)
+                    torch.manual_seed(7)  # clip_cov draws from the global RNG
                     loss, metrics = impl.policy_loss(
                         loss_name, x["old"], logp, x["adv_tok"], mask, mode, clip_cfg, weights
                     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.core_algos_golden_cases import compare, inputs_from_json, make_inputs, run_cases
+from tests.unit.core_algos_golden_cases import POLICY_LOSS_SETTINGS, compare, inputs_from_json, make_inputs, run_cases
 from trainer_svc import core_algos as M
 
 GOLDEN = Path(__file__).with_name("data") / "core_algos_verl_golden.json"
@@ -46,7 +46,8 @@ class MeshrlImpl:
         return M.compute_rollout_correction_weights(log_ratio, mask, level, threshold, normalize)[0]
 
     def policy_loss(self, name, old, logp, adv, mask, mode, clip_cfg, weights):
-        return M.get_policy_loss_fn(name)(old, logp, adv, mask, mode, dict(clip_cfg), weights)
+        cfg = {**clip_cfg, "policy_loss": dict(POLICY_LOSS_SETTINGS)}
+        return M.get_policy_loss_fn(name)(old, logp, adv, mask, mode, cfg, weights)
 
     def legacy_policy_loss(self, old, logp, adv, mask):
         with warnings.catch_warnings():

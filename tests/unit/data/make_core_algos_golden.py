@@ -43,7 +43,9 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo import rollout_corr_helper as VR  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
-from tests.unit.core_algos_golden_cases import inputs_to_json, make_inputs, run_cases  # noqa: E402
+from verl.workers.config.actor import PolicyLossConfig  # noqa: E402
+
+from tests.unit.core_algos_golden_cases import POLICY_LOSS_SETTINGS, inputs_to_json, make_inputs, run_cases  # noqa: E402
 
 
 class VerlImpl:
@@ -75,12 +77,13 @@ class VerlImpl:
         return VR.compute_rollout_correction_weights(log_ratio, mask, level, threshold, normalize)[0]
 
     def policy_loss(self, name, old, logp, adv, mask, mode, clip_cfg, weights):
-        if name == "gspo":
+        if name in ("gspo", "sapo", "cispo"):  # these assert an ActorConfig
             cfg = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=1,
+                              policy_loss=PolicyLossConfig(**POLICY_LOSS_SETTINGS),
                               **{k: v for k, v in clip_cfg.items() if k != "clip_ratio_c"})
         else:
             base = {"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": 3.0,
-                    "global_batch_info": {}}
+                    "global_batch_info": {}, "policy_loss": dict(POLICY_LOSS_SETTINGS)}
             cfg = OmegaConf.create({**base, **clip_cfg})
         return V.get_policy_loss_fn(name)(old, logp, adv, mask, mode, cfg, weights)
 
