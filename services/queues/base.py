@@ -156,6 +156,7 @@ class Queue(ABC):
     """
 
     transient_errors: tuple[type[BaseException], ...] = ()
+    permanent_errors: tuple[type[BaseException], ...] = ()  # subclasses of the above never retried
 
     def __init__(
         self,
@@ -217,6 +218,8 @@ class Queue(ABC):
             try:
                 return await fn()
             except self.transient_errors as exc:
+                if isinstance(exc, self.permanent_errors):
+                    raise
                 now = time.monotonic()
                 if now + delay > deadline:
                     raise QueueUnavailableError(

@@ -25,7 +25,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import BusyLoadingError, ResponseError
+from redis.exceptions import AuthenticationError, AuthorizationError, BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -71,6 +71,7 @@ class RedisQueue(Queue):
     """A stream in Redis, consumed by one consumer group (see module docstring)."""
 
     transient_errors = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, ConnectionError, OSError)
+    permanent_errors = (AuthenticationError, AuthorizationError)
 
     def __init__(
         self,

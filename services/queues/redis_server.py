@@ -24,12 +24,13 @@ class RedisServer:
     """
 
     def __init__(self, workdir: str | Path, *, port: int | None = None, aof: bool = False,
-                 binary: str = "redis-server", maxmemory_mb: int = 0) -> None:
+                 binary: str = "redis-server", maxmemory_mb: int = 0, password: str | None = None) -> None:
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.aof = aof
         self.maxmemory_mb = maxmemory_mb
+        self.password = password
         exe = shutil.which(binary)
         if exe is None:
             raise FileNotFoundError(f"{binary} not found on PATH")
@@ -50,6 +51,8 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
+        if self.password:
+            args += ["--requirepass", self.password]
         if self.maxmemory_mb:
             args += ["--maxmemory", f"{self.maxmemory_mb}mb"]
         return args
@@ -74,8 +77,15 @@ class RedisServer:
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
+                    auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
+                    s.sendall(auth + b"PING\r\n")
+                    reply = b""
+                    while b"\r\n" not in reply or (auth and reply.count(b"\r\n") < 2):
+                        part = s.recv(256)
+                        if not part:
+                            break
+                        reply += part
+                    if b"+PONG" in reply:
                         return
             except OSError:
                 pass

@@ -175,7 +175,8 @@ async def test_backpressure_holds_and_releases(env):
     await c.close()
 
 
-async def test_malformed_entries_are_dropped_and_counted(env):
+async def test_malformed_entries_are_dropped_and_counted(env, caplog):
+    caplog.set_level("ERROR", logger="meshrl.queues")
     c = env.queue(consumer="c")
     p = env.queue(consumer="p")
     await p.put([group(["ok1"])])
@@ -193,6 +194,8 @@ async def test_malformed_entries_are_dropped_and_counted(env):
     await p.put([group(["ok2"])])
     assert sorted(await drain(c, 2, rounds=10)) == ["ok1", "ok2"]
     assert c.stats()["malformed"] == n_bad and c.stats()["dropped"] == n_bad
+    logged = [r for r in caplog.records if r.levelname == "ERROR" and "malformed" in r.getMessage()]
+    assert len(logged) == n_bad
     assert await c.depth() == 0
     with pytest.raises(ValueError, match="sample_id"):
         await p.put_frames([RawItem(b"x", ())])
@@ -228,3 +231,24 @@ async def test_auto_reclaim_after_lease_idle(env):
     assert await live.depth() == 0
     for q in (p, dead, live):
         await q.close()
+
+
+async def test_redis_password_from_env_and_bounded_windows(tmp_path, monkeypatch, caplog):
+    from services.queues.redis_server import RedisServer
+
+    with RedisServer(tmp_path / "pw", password="s3cret-pw") as srv:
+        monkeypatch.setenv("MESHRL_QUEUE_TEST_PW", "s3cret-pw")
+        cfg = RedisQueueConfig(url=srv.url, password_env="MESHRL_QUEUE_TEST_PW", op_timeout_s=5,
+                               dedupe_window=4, ledger_max_entries=5)
+        q = make_queue(cfg, stream="s", group="g", consumer="c")
+        await q.put([group([f"k{i}"]) for i in range(10)], stage="queued")
+        assert sorted(await drain(q, 10, rounds=10)) == sorted(f"k{i}" for i in range(10))
+        assert await q._r.hlen(q._k_claims[0]) == 4  # dedupe window: the 4 newest ids
+        stages = await q.stages([f"k{i}" for i in range(10)])
+        assert [stages[f"k{i}"] for i in range(10)] == [None] * 5 + ["queued"] * 5  # ledger: 5 newest
+        await q.close()
+        monkeypatch.setenv("MESHRL_QUEUE_TEST_PW", "wrong")
+        bad = make_queue(cfg.model_copy(update={"op_timeout_s": 1.0}), stream="s", group="g", consumer="c")
+        with pytest.raises(Exception, match="(?i)auth|password|pass"):
+            await bad.depth()
+        await bad.close()
