@@ -40,7 +40,7 @@ MAX_ENTRIES = 1 << 16  # most tensors / columns one frame may describe
 MAX_DIM = 1 << 48  # largest single dimension accepted (a zero-size tensor may be wide)
 _ENC = frame_pb2.ColumnEncoding
 _ZEROS = memoryview(bytes(ALIGN))
-_PIECE = 4 << 20  # large copies are cut into pieces of this size ...
+_PIECE = 2 << 20  # large copies are cut into pieces of this size ...
 _PARALLEL_MIN = 16 << 20  # ... and shared with helper threads when the frame holds this much
 
 Key = tuple[str, ...]
