@@ -17,7 +17,7 @@ What is here (details and worked examples in docs/algorithms.md):
 - policy losses by name (``POLICY_LOSS_REGISTRY``, ``register_policy_loss``,
   ``get_policy_loss_fn``): ``vanilla`` (clip, asymmetric clip, dual clip), ``gspo``,
   ``gpg``, ``dppo_tv``, ``dppo_kl``, ``sapo``, ``cispo``, ``geo_mean``, ``dro``,
-  ``clip_cov``, ``kl_cov``; the deprecated 4-tuple ``compute_policy_loss``; ``compute_value_loss``,
+  ``clip_cov``, ``kl_cov``, ``bypass_mode``; the deprecated 4-tuple ``compute_policy_loss``; ``compute_value_loss``,
   ``compute_entropy_loss``;
 - KL in reward: ``compute_rewards``, ``FixedKLController``, ``AdaptiveKLController``,
   ``get_kl_controller``, ``apply_kl_penalty``;
@@ -73,6 +73,7 @@ from trainer_svc.algos.off_policy import (
     OFF_POLICY_MODES,
     compute_off_policy_weights,
     compute_rollout_correction_weights,
+    parse_rollout_is_threshold,
 )
 from trainer_svc.algos.policy_loss import (
     compute_entropy_loss,
@@ -84,6 +85,7 @@ from trainer_svc.algos.policy_loss import (
     global_batch_kwargs,
 )
 from trainer_svc.algos.policy_loss_extra import (
+    compute_policy_loss_bypass_mode,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
     compute_policy_loss_dppo_kl,
@@ -130,6 +132,7 @@ __all__ = [
     "compute_off_policy_weights",
     "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_dppo_kl",
@@ -162,6 +165,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "parse_rollout_is_threshold",
     "register_adv_est",
     "register_policy_loss",
 ]

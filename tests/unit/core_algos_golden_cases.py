@@ -42,6 +42,13 @@ POLICY_LOSS_SETTINGS = {
     "ppo_kl_coef": 0.3,
     "dro_beta": 0.5,
 }
+#: ``config.policy_loss.rollout_correction`` settings of the bypass-mode cases.
+BYPASS_SETTINGS = {
+    "ppo_clip": {"loss_type": "ppo_clip", "rollout_is": "token", "rollout_is_threshold": 2.0},
+    "reinforce_token": {"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": 2.0},
+    "reinforce_seq_icepop": {"loss_type": "reinforce", "rollout_is": "sequence", "rollout_is_threshold": "0.5_3.0"},
+    "reinforce_plain": {"loss_type": "reinforce", "rollout_is": None},
+}
 GLOBAL_BATCH = {"dp_size": 4, "batch_num_tokens": 100, "global_batch_size": 40, "loss_scale_factor": 13}
 
 
@@ -149,6 +156,18 @@ def run_cases(impl: Any, x: dict[str, Any]) -> dict[str, torch.Tensor]:
                     for key in sorted(metrics):
                         put(f"{tag}/{key}", metrics[key])
 
+    for bypass_name, corr in BYPASS_SETTINGS.items():
+        for mode in ("token-mean", "seq-mean-token-sum"):
+            logp = x["logp"].clone().requires_grad_(True)
+            loss, metrics = impl.bypass(x["rollout"], logp, x["adv_tok"], mask, mode, corr)
+            loss.backward()
+            tag = f"bypass/{bypass_name}/{mode}"
+            put(tag + "/loss", loss)
+            put(tag + "/grad", logp.grad)
+            for key in ("actor/ppo_kl", "actor/pg_clipfrac"):
+                if key in metrics:
+                    put(f"{tag}/{key}", metrics[key])
+
     legacy = impl.legacy_policy_loss(x["old"], x["logp"], x["adv_tok"], mask)
     for i, name in enumerate(("loss", "clipfrac", "ppo_kl", "clipfrac_lower")):
         put(f"legacy/{name}", legacy[i])
@@ -161,6 +180,7 @@ def run_cases(impl: Any, x: dict[str, Any]) -> dict[str, torch.Tensor]:
     for level in ("token", "sequence"):
         for normalize in (False, True):
             put(f"is/{level}/bn={normalize}", impl.is_weights(x["old"] - x["rollout"], mask, level, 3.0, normalize))
+        put(f"is/{level}/icepop", impl.is_weights(x["old"] - x["rollout"], mask, level, "0.6_2.5", False))
     put("kl_ctrl/adaptive", impl.adaptive_kl([0.2, 0.01, 0.06, 0.04], 64))
     return out
 

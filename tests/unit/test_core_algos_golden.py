@@ -49,6 +49,10 @@ class MeshrlImpl:
         cfg = {**clip_cfg, "policy_loss": dict(POLICY_LOSS_SETTINGS)}
         return M.get_policy_loss_fn(name)(old, logp, adv, mask, mode, cfg, weights)
 
+    def bypass(self, rollout, logp, adv, mask, mode, corr):
+        cfg = {"clip_ratio": 0.2, "policy_loss": {"rollout_correction": dict(corr)}}
+        return M.get_policy_loss_fn("bypass_mode")(rollout, logp, adv, mask, mode, cfg, None)
+
     def legacy_policy_loss(self, old, logp, adv, mask):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)

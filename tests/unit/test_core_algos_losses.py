@@ -349,3 +349,22 @@ def test_compute_rewards_and_apply_kl_penalty() -> None:
     # per-sequence mean KL: log2 / 2 and 0 -> batch mean log2 / 4
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(LOG2 / 4, rel=1e-6)
     assert metrics["actor/reward_kl_penalty_coeff"] == 0.1
+
+
+def test_extra_losses_hand_cases_and_errors() -> None:
+    old, logp, adv, mask = _inputs()
+    # CISPO: every token keeps its gradient, weighted by the clipped ratio
+    loss, metrics = ca.get_policy_loss_fn("cispo")(old, logp, adv, mask, config={"clip_ratio": 0.2})
+    clipped = [1.2, 0.9, 0.8, 1.1]
+    logs = [math.log(r) for r in RATIOS]
+    assert loss.item() == pytest.approx(-sum(c * a * lg for c, a, lg in zip(clipped, ADV, logs)) / 4)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(0.5)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-c * a / 4 for c, a in zip(clipped, ADV)])
+    # DRO: -(log_prob * A - beta / 2 * (log_prob - old)^2)
+    dro, _ = ca.get_policy_loss_fn("dro")(old, logp.detach(), adv, mask, config={"policy_loss": {"dro_beta": 0.5}})
+    assert dro.item() == pytest.approx(-sum(lg * a - 0.25 * lg * lg for lg, a in zip(logs, ADV)) / 4)
+    with pytest.raises(ValueError, match="dro_beta"):
+        ca.get_policy_loss_fn("dro")(old, logp, adv, mask, config={})
+    with pytest.raises(ValueError, match="kl_cov_ratio"):
+        ca.get_policy_loss_fn("kl_cov")(old, logp, adv, mask, config={"policy_loss": {"kl_cov_ratio": -1}})

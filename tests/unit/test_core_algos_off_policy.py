@@ -84,3 +84,36 @@ def test_tis_weights_enter_the_vanilla_policy_loss() -> None:
     assert loss.item() == pytest.approx(sum(per_token) / 5)
     plain, _ = ca.compute_policy_loss_vanilla(OLD, logp, adv, MASK, config=cfg)
     assert plain.item() == pytest.approx((-1.1 * 3 + 1.1 * 2) / 5)
+
+
+def test_icepop_band_zeroes_weights_outside_instead_of_truncating() -> None:
+    log_ratio = OLD - ROLLOUT
+    weights, _ = ca.compute_rollout_correction_weights(log_ratio, MASK, "token", "0.6_2.5")
+    assert weights[0].tolist() == pytest.approx([0.0, 0.0, 1.0])  # 5 and 0.5 fall outside
+    assert weights[1].tolist() == pytest.approx([2.0, 1.0, 0.0])
+    assert ca.parse_rollout_is_threshold("0.5_2") == (2.0, 0.5)
+    with pytest.raises(ValueError, match="lower bound"):
+        ca.parse_rollout_is_threshold("3_2")
+    with pytest.raises(TypeError):
+        ca.parse_rollout_is_threshold(True)
+
+
+def test_bypass_mode_uses_rollout_log_probs_as_anchor() -> None:
+    logp = OLD.clone().requires_grad_(True)
+    adv = torch.ones_like(OLD)
+    reinforce = {"policy_loss": {"rollout_correction": {"loss_type": "reinforce", "rollout_is": "token"}}}
+    loss, metrics = ca.get_policy_loss_fn("bypass_mode")(ROLLOUT, logp, adv, MASK, "token-mean", reinforce)
+    # -w * log_prob * A with w = min(pi / pi_rollout, 2) on the five valid tokens
+    w = [2.0, 0.5, 1.0, 2.0, 1.0]
+    lp = [math.log(0.5)] * 3 + [math.log(0.4)] * 2
+    assert loss.item() == pytest.approx(-sum(a * b for a, b in zip(w, lp)) / 5)
+    assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(2.0)
+    clip = {"clip_ratio": 0.2, "policy_loss": {"rollout_correction": {"loss_type": "ppo_clip"}}}
+    loss_clip, _ = ca.get_policy_loss_fn("bypass_mode")(ROLLOUT, logp, adv, MASK, "token-mean", clip)
+    expected, _ = ca.compute_policy_loss_vanilla(ROLLOUT, logp, adv, MASK, config={"clip_ratio": 0.2})
+    assert loss_clip.item() == pytest.approx(expected.item())
+    with pytest.raises(ValueError, match="rollout_correction"):
+        ca.get_policy_loss_fn("bypass_mode")(ROLLOUT, logp, adv, MASK, "token-mean", {"clip_ratio": 0.2})
+    rs = {"policy_loss": {"rollout_correction": {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0}}}
+    with pytest.raises(NotImplementedError, match="rollout_rs"):
+        ca.get_policy_loss_fn("bypass_mode")(ROLLOUT, logp, adv, MASK, "token-mean", rs)

@@ -29,7 +29,12 @@ import torch
 
 from trainer_svc.algos.functional import masked_mean, masked_sum
 
-__all__ = ["OFF_POLICY_MODES", "compute_off_policy_weights", "compute_rollout_correction_weights"]
+__all__ = [
+    "OFF_POLICY_MODES",
+    "compute_off_policy_weights",
+    "compute_rollout_correction_weights",
+    "parse_rollout_is_threshold",
+]
 
 #: Valid values of :func:`compute_off_policy_weights`'s ``mode``.
 OFF_POLICY_MODES = ("none", "tis", "decoupled")
@@ -47,7 +52,9 @@ def _raw_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: st
     raise ValueError(f"importance-sampling level must be 'token' or 'sequence', got {level!r}")
 
 
-def _weight_metrics(weights: torch.Tensor, raw: torch.Tensor, mask: torch.Tensor, cap: Optional[float]) -> dict[str, float]:
+def _weight_metrics(
+    weights: torch.Tensor, raw: torch.Tensor, mask: torch.Tensor, cap: Optional[float]
+) -> dict[str, float]:
     valid = mask.bool()
     if not valid.any():
         return {}
@@ -62,11 +69,36 @@ def _weight_metrics(weights: torch.Tensor, raw: torch.Tensor, mask: torch.Tensor
     return metrics
 
 
+def parse_rollout_is_threshold(spec: float | str) -> tuple[float, Optional[float]]:
+    """``(upper, lower)`` from verl's ``rollout_is_threshold``: a number (truncation cap,
+    ``lower`` None) or a ``"lower_upper"`` string (IcePop band).
+
+    Raises:
+        ValueError / TypeError: malformed, non-positive, or ``lower > upper``.
+    """
+    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
+        raise TypeError(f"rollout_is_threshold must be a number or a 'lower_upper' string, got {spec!r}")
+    lower: Optional[float] = None
+    try:
+        if isinstance(spec, str) and "_" in spec:
+            lower_text, upper_text = spec.strip().split("_", 1)
+            lower, upper = float(lower_text), float(upper_text)
+        else:
+            upper = float(spec)
+    except ValueError as exc:
+        raise ValueError(f"invalid rollout_is_threshold {spec!r}") from exc
+    if not upper > 0:
+        raise ValueError(f"rollout_is_threshold must be positive, got {spec!r}")
+    if lower is not None and not 0 < lower <= upper:
+        raise ValueError(f"rollout_is_threshold lower bound must be in (0, upper], got {spec!r}")
+    return upper, lower
+
+
 def compute_rollout_correction_weights(
     log_ratio: torch.Tensor,
     response_mask: torch.Tensor,
     rollout_is: str = "token",
-    rollout_is_threshold: float = 2.0,
+    rollout_is_threshold: float | str = 2.0,
     rollout_is_batch_normalize: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance-sampling weights, as verl's rollout-correction helper.
@@ -77,7 +109,8 @@ def compute_rollout_correction_weights(
         response_mask: ``[B, T]`` 0/1.
         rollout_is: ``"token"`` (per-token ratio) or ``"sequence"`` (product over the
             response, broadcast to its tokens).
-        rollout_is_threshold: truncation cap (> 0).
+        rollout_is_threshold: truncation cap (> 0), or a ``"lower_upper"`` string for
+            IcePop: weights outside ``[lower, upper]`` become 0 instead of being truncated.
         rollout_is_batch_normalize: rescale so the mean weight over valid tokens
             (token level) or over valid sequences (sequence level) is 1.
 
@@ -86,12 +119,14 @@ def compute_rollout_correction_weights(
     """
     if log_ratio.shape != response_mask.shape:
         raise ValueError(f"log_ratio {tuple(log_ratio.shape)} and response_mask {tuple(response_mask.shape)} differ")
-    if not rollout_is_threshold > 0:
-        raise ValueError(f"rollout_is_threshold must be positive, got {rollout_is_threshold}")
+    upper, lower = parse_rollout_is_threshold(rollout_is_threshold)
     mask = response_mask.to(log_ratio.dtype)
     raw = _raw_weights(log_ratio, mask, rollout_is) * mask
-    weights = raw.clamp(max=rollout_is_threshold).detach()
-    metrics = _weight_metrics(weights, raw, mask, rollout_is_threshold)
+    if lower is None:
+        weights = raw.clamp(max=upper).detach()
+    else:
+        weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw)).detach()
+    metrics = _weight_metrics(weights, raw, mask, upper)
     if rollout_is_batch_normalize:
         if rollout_is == "token":
             mean = masked_mean(weights, mask)

@@ -1,5 +1,5 @@
 """verl's further registered policy losses: ``dppo_tv``, ``dppo_kl``, ``sapo``, ``cispo``,
-``geo_mean``, ``dro``, ``clip_cov``, ``kl_cov``.
+``geo_mean``, ``dro``, ``clip_cov``, ``kl_cov``, ``bypass_mode``.
 
 Same signature and return shape as ``vanilla`` (see :mod:`trainer_svc.algos.policy_loss`).
 Settings missing from ``config`` take verl's ``ActorConfig`` / ``PolicyLossConfig``
@@ -15,10 +15,17 @@ from typing import Any, Optional
 import torch
 
 from trainer_svc.algos.functional import agg_loss, masked_mean
-from trainer_svc.algos.policy_loss import _check_same_shape, _clip_ranges, global_batch_kwargs
+from trainer_svc.algos.off_policy import compute_rollout_correction_weights
+from trainer_svc.algos.policy_loss import (
+    _check_same_shape,
+    _clip_ranges,
+    compute_policy_loss_vanilla,
+    global_batch_kwargs,
+)
 from trainer_svc.algos.registry import cfg_get, register_policy_loss
 
 __all__ = [
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_dppo_kl",
@@ -308,3 +315,59 @@ def compute_policy_loss_kl_cov(
         pg_losses = penalised
     pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, {"actor/ppo_kl": float(masked_mean(abs_kl, response_mask).detach())}
+
+
+@register_policy_loss("bypass_mode")
+def compute_policy_loss_bypass_mode(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Optional[Any] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """verl's bypass mode: the trainer skips the old-log-prob recompute and passes the
+    rollout log-probs as ``old_log_prob``; settings come from
+    ``config.policy_loss.rollout_correction``:
+
+    - ``loss_type="ppo_clip"`` (default): ``vanilla`` with ratio ``pi / pi_rollout`` (the
+      clip already bounds the importance ratio, so no extra weights);
+    - ``loss_type="reinforce"``: ``-w * log_prob * A`` with ``w`` the truncated IS weights
+      ``pi / pi_rollout`` (``rollout_is``: token/sequence, ``rollout_is_threshold``,
+      ``rollout_is_batch_normalize``), or plain REINFORCE with ``rollout_is`` unset.
+
+    The passed ``rollout_is_weights`` are ignored (computed here). Rejection sampling
+    (``rollout_rs``) is not implemented in meshrl and raises ``NotImplementedError``.
+    """
+    _check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
+    corr = _policy_loss_cfg(config, "rollout_correction", None)
+    if corr is None:
+        raise ValueError("bypass_mode needs config.policy_loss.rollout_correction")
+    if cfg_get(corr, "rollout_rs", None) is not None:
+        raise NotImplementedError("rollout_rs (rejection sampling) is not implemented in meshrl's bypass_mode")
+    loss_type = cfg_get(corr, "loss_type", "ppo_clip")
+    level = cfg_get(corr, "rollout_is", None)
+    weights: Optional[torch.Tensor] = None
+    metrics: Metrics = {}
+    if level is not None:
+        with torch.no_grad():
+            weights, metrics = compute_rollout_correction_weights(
+                log_prob.detach() - old_log_prob,
+                response_mask,
+                level,
+                cfg_get(corr, "rollout_is_threshold", 2.0),
+                bool(cfg_get(corr, "rollout_is_batch_normalize", False)),
+            )
+    if loss_type == "ppo_clip":
+        pg_loss, pg_metrics = compute_policy_loss_vanilla(
+            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, None
+        )
+    elif loss_type == "reinforce":
+        pg_losses = -advantages * log_prob if weights is None else -advantages * log_prob * weights
+        pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, None)
+        pg_metrics = {"actor/ppo_kl": float(masked_mean(old_log_prob - log_prob, response_mask).detach())}
+    else:
+        raise ValueError(f"rollout_correction.loss_type must be 'ppo_clip' or 'reinforce', got {loss_type!r}")
+    pg_metrics.update({f"rollout_corr/{k}": v for k, v in metrics.items()})
+    return pg_loss, pg_metrics

@@ -87,6 +87,12 @@ class VerlImpl:
             cfg = OmegaConf.create({**base, **clip_cfg})
         return V.get_policy_loss_fn(name)(old, logp, adv, mask, mode, cfg, weights)
 
+    def bypass(self, rollout, logp, adv, mask, mode, corr):
+        cfg = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": None,
+                                "clip_ratio_c": 3.0, "global_batch_info": {},
+                                "policy_loss": {"rollout_correction": dict(corr)}})
+        return V.get_policy_loss_fn("bypass_mode")(rollout, logp, adv, mask, mode, cfg, None)
+
     def legacy_policy_loss(self, old, logp, adv, mask):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
