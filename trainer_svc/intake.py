@@ -83,6 +83,28 @@ class QueueIntake:
         self.max_staleness = max_staleness
         self.poll_s = poll_s
         self.counters = IntakeCounters()
+        self._recovered = False
+        self._backlog: list[Any] = []
+
+    async def _recover(self) -> list[Any]:
+        """Items leased to an earlier incarnation of this trainer and never acked (it died
+        before committing them): take them over first, so nothing is lost on a restart.
+        The trainer is the only consumer of its group, so every pending item is ours."""
+        self._recovered = True
+        out: list[Any] = []
+        seen: set[str] = set()
+        while True:
+            fresh = 0
+            for item in await self.queue.reclaim(min_idle=0, max_items=100):
+                if item.id not in seen:  # a backend may hand the same entry out twice
+                    seen.add(item.id)
+                    out.append(item)
+                    fresh += 1
+            if not fresh:
+                break
+        if out:
+            logger.info("intake: recovered %d experience items leased before a restart", len(out))
+        return out
 
     def _screen(self, data: DataProto, current_version: int) -> tuple[torch.Tensor, list[int], int, int]:
         """Keep-mask over rows, staleness of kept rows, and how many rows were stale / errored."""
@@ -127,14 +149,19 @@ class QueueIntake:
                     f"intake: only {len(groups)}/{self.train_batch_size} groups arrived within {timeout:.0f}s"
                 )
             heartbeat()
-            got = await self.queue.get(max_items=self.train_batch_size - len(groups), timeout=self.poll_s)
+            if not self._recovered:
+                self._backlog = await self._recover()
+            want = self.train_batch_size - len(groups)
+            if self._backlog:
+                got, self._backlog = self._backlog[:want], self._backlog[want:]
+            else:
+                got = await self.queue.get(max_items=want, timeout=self.poll_s)
             for item in got:
                 data = item.data
                 try:
                     keep, lag, n_stale, n_err = self._screen(data, current_version)
                 except ValueError as exc:
                     logger.error("intake: dropping item %s: %s", item.id, exc)
-                    ids = [str(s) for s in (_column(data, "sample_id") if _column(data, "sample_id") is not None else [])]
                     self.counters.dropped_error += len(data)
                     await self.queue.ack(item, stage="dropped")
                     continue

@@ -65,8 +65,9 @@ async def test_stale_samples_are_dropped_counted_and_acked_after_commit(redis_se
     await consumer.close()
 
 
-async def test_uncommitted_batch_is_redelivered(redis_server):
-    """A trainer that dies before commit loses nothing: a new consumer reclaims the items."""
+async def test_uncommitted_batch_is_recovered_after_restart(redis_server):
+    """A trainer that dies before commit loses nothing: the restarted intake takes the
+    items its previous incarnation leased (even with automatic reclaim off) before new ones."""
     cfg = _cfg(redis_server)
     producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
     first = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
@@ -74,11 +75,15 @@ async def test_uncommitted_batch_is_redelivered(redis_server):
     await producer.put([_group("a", [0, 0]), _group("b", [0, 0])])
     pending = await QueueIntake(first, train_batch_size=2, max_staleness=0, poll_s=0.2).next_batch(0, timeout=10)
     assert pending is not None and len(pending.data) == 4
-    # no commit: the "crashed" trainer's items are still pending
-    second = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-1")
-    got = await second.reclaim(min_idle=0)
-    assert {s for item in got for s in item.sample_ids} == {"a/0", "a/1", "b/0", "b/1"}
-    for q in (producer, first, second):
+    await first.close()  # "crash": no commit, the items stay leased
+    await producer.put([_group("c", [0, 0])])
+    restarted = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
+    intake = QueueIntake(restarted, train_batch_size=3, max_staleness=0, poll_s=0.2)
+    again = await intake.next_batch(0, timeout=10)
+    assert sorted(again.data.non_tensor_batch["sample_id"]) == ["a/0", "a/1", "b/0", "b/1", "c/0", "c/1"]
+    await intake.commit(again)
+    assert await restarted.depth() == 0
+    for q in (producer, restarted):
         await q.close()
 
 

@@ -1,0 +1,155 @@
+"""``python -m trainer_svc`` end to end on a real Redis ``experience`` stream, 2 gloo ranks:
+checkpoint -> SIGKILL -> resume reproduces the next step exactly; SIGTERM checkpoints and
+exits cleanly; /health, /ready and /metrics are served."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.redis, pytest.mark.distributed, pytest.mark.slow]
+
+N_PER_STEP = 2  # groups per step
+
+
+class Trainer:
+    """A ``python -m trainer_svc`` process tree we started (its own session, so we can kill it)."""
+
+    def __init__(self, config: Path, *overrides: str) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer_svc", "--config", str(config), *overrides],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, pred, what: str, timeout: float = 120.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = pred()
+            if got:
+                return got
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{what} did not happen (exit={self.proc.poll()}):\n{''.join(self.lines[-40:])}")
+
+    def ready_address(self) -> str:
+        line = self.wait_for(lambda: next((x for x in self.lines if x.startswith("trainer ready")), None), "ready line")
+        return line.split("metrics=")[1].split()[0]
+
+    def kill_tree(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout: float = 120.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_tree(signal.SIGKILL)
+            raise AssertionError(f"trainer did not exit:\n{''.join(self.lines[-40:])}") from None
+
+
+def _steps(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+async def _put(url: str, namespace: str, first: int, count: int, vocab: int) -> None:
+    from services.config.queues import RedisQueueConfig
+    from services.queues import make_queue
+    from trainer_svc.synthetic import make_group
+
+    q = make_queue(RedisQueueConfig(url=url, namespace=namespace, op_timeout_s=5), stream="experience",
+                   group="trainer", consumer="test-producer")
+    groups = [make_group(f"u{i}", n=2, prompt_len=6, response_len=6, vocab_size=vocab, seed=i) for i in range(first, first + count)]
+    await q.put(groups)
+    await q.close()
+
+
+def _config(tmp: Path, model: str, url: str, namespace: str) -> Path:
+    spec = {
+        "model_path": model,
+        "train_batch_size": N_PER_STEP,
+        "rollout_n": 2,
+        "max_staleness": 10,
+        "actor": {"ppo_mini_batch_size": 1, "ppo_micro_batch_size_per_gpu": 1, "optim": {"lr": 1e-3, "lr_warmup_steps": 2}},
+        "trainer": {"nproc": 2, "torch_threads": 1, "default_local_dir": str(tmp / "ckpt"),
+                    "metrics_file": str(tmp / "steps.jsonl"), "collective_timeout_s": 60},
+        "queue": {"type": "redis", "url": url, "namespace": namespace, "lease_idle_s": 0},
+    }
+    path = tmp / "trainer.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_model, redis_server, tmp_path):
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(tiny_model).vocab_size
+    url = redis_server.url
+
+    # A: uninterrupted, three steps.
+    a = tmp_path / "a"
+    a.mkdir()
+    await _put(url, "a", 0, 3 * N_PER_STEP, vocab)
+    run = Trainer(_config(a, tiny_model, url, "a"), "trainer.total_steps=3")
+    assert run.wait() == 0, "".join(run.lines[-40:])
+    steps_a = _steps(a / "steps.jsonl")
+    assert [s["version"] for s in steps_a] == [1, 2, 3]
+
+    # B1: two steps with a checkpoint after each, then SIGKILL while waiting for data.
+    b = tmp_path / "b"
+    b.mkdir()
+    cfg_b = _config(b, tiny_model, url, "b")
+    await _put(url, "b", 0, 2 * N_PER_STEP, vocab)
+    run = Trainer(cfg_b, "trainer.total_steps=4", "trainer.save_freq=1")
+    latest = b / "ckpt" / "latest_checkpointed_iteration.txt"
+    run.wait_for(lambda: latest.exists() and latest.read_text() == "2", "checkpoint of step 2")
+    run.kill_tree(signal.SIGKILL)
+    run.wait()
+    assert len(_steps(b / "steps.jsonl")) == 2
+
+    # B2: resume; the third batch arrives; step 3 must equal A's step 3.
+    await _put(url, "b", 2 * N_PER_STEP, N_PER_STEP, vocab)
+    run = Trainer(cfg_b, "trainer.total_steps=4", "trainer.save_freq=100")
+    addr = run.ready_address()
+    run.wait_for(lambda: len(_steps(b / "steps.jsonl")) >= 3, "resumed step 3")
+    step3 = _steps(b / "steps.jsonl")[2]
+    assert step3["step"] == 3 and step3["version"] == 3
+    for key in ("actor/pg_loss", "actor/loss", "actor/grad_norm", "actor/lr", "actor/entropy"):
+        assert step3["metrics"][key] == pytest.approx(steps_a[2]["metrics"][key], rel=1e-5, abs=1e-7), key
+
+    # the service surface
+    with urllib.request.urlopen(f"http://{addr}/health", timeout=5) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(f"http://{addr}/ready", timeout=5) as r:
+        assert json.loads(r.read()) == {"ready": True}
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for name in ("meshrl_trainer_steps_total 1.0", "meshrl_trainer_policy_version 3.0",
+                 'meshrl_trainer_phase_seconds_total{phase="wait"}', "meshrl_trainer_staleness_versions_bucket",
+                 "meshrl_trainer_grad_norm", "meshrl_trainer_idle_ratio", "meshrl_trainer_dropped_stale_samples_total"):
+        assert name in text, name
+
+    # SIGTERM while waiting for step 4's data: checkpoint of step 3, clean exit.
+    run.kill_tree(signal.SIGTERM)
+    assert run.wait() == 0, "".join(run.lines[-40:])
+    assert latest.read_text() == "3"
+    state = json.loads((b / "ckpt" / "global_step_3" / "state.json").read_text())
+    assert state["version"] == 3 and state["extra"]["intake"]["samples_trained"] == 3 * N_PER_STEP * 2
