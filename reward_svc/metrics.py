@@ -38,6 +38,7 @@ class RewardMetrics:
         self._lock = threading.Lock()
         self._sums: dict[str, tuple[float, int]] = {}
         self._window: deque[tuple[float, int]] = deque()
+        self._window_n = 0
         self._window_s = window_s
 
     def observe(self, data_sources: list[str], scores: list[float], error_kinds: list[str | None]) -> None:
@@ -53,10 +54,11 @@ class RewardMetrics:
                 total, count = self._sums[src]
                 self.score_mean.labels(src).set(total / count)
             self._window.append((now, n))
+            self._window_n += n
             while self._window and now - self._window[0][0] > self._window_s:
-                self._window.popleft()
+                self._window_n -= self._window.popleft()[1]
             span = max(now - self._window[0][0], 1e-3) if len(self._window) > 1 else self._window_s
-            self.rate.set(sum(k for _, k in self._window) / span)
+            self.rate.set(self._window_n / span)
         for src in set(data_sources):
             self.score_count.labels(src).inc(data_sources.count(src))
         for kind in error_kinds:

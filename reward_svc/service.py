@@ -70,6 +70,7 @@ class RewardServer:
 
     async def start(self) -> "RewardServer":
         """Start the pool, the probes, gRPC and the queues; raise if any cannot start."""
+        await asyncio.to_thread(self._warm_up)
         if self.pool is not None:
             await asyncio.to_thread(self.pool.start)
         self.http = MetricsServer(
@@ -111,6 +112,29 @@ class RewardServer:
             "grpc_port": self.grpc_port,
         }
 
+    def _warm_up(self) -> None:
+        """Run one dummy sample through wire + decode + scoring before reporting ready, so the
+        first real group does not pay seconds of lazy imports (tensordict, torch ops)."""
+        import numpy as np
+        import torch
+
+        from services import wire
+        from services.protocol import DataProto
+
+        data = DataProto.from_dict(
+            tensors={"responses": torch.zeros((1, 2), dtype=torch.int64), "attention_mask": torch.ones((1, 3), dtype=torch.int64)},
+            non_tensors={
+                self.cfg.reward_fn_key: np.array(["meshrl/warm-up"], dtype=object),
+                "reward_model": np.array([{"ground_truth": "0"}], dtype=object),
+                "sample_id": np.array(["warm-up"], dtype=object),
+            },
+        )
+        data = wire.decode(wire.encode(data))
+        if self.pool is None:  # a user function would be called for real: skip scoring then
+            self.manager.score_many([data])
+        data.select_idxs([0])
+        wire.encode(data)
+
     # -- scoring ---------------------------------------------------------------------------
 
     def _score_many(self, datas: list[Any], path: str) -> list[Any]:
@@ -137,40 +161,107 @@ class RewardServer:
             self.metrics.restarts.set(self.pool.restarts)
         return outs
 
-    async def step(self) -> int:
-        """Lease one batch of groups, score, put, ack. Returns how many groups were leased."""
-        items = await self._inq.get(self.cfg.get_batch, self.cfg.get_timeout_s)
-        if not items:
-            return 0
-        outs = await asyncio.to_thread(self._score_many, [it.data for it in items], "queue")
-        good = [(it, out[0]) for it, out in zip(items, outs, strict=True) if not isinstance(out, Exception)]
-        bad = [(it, out) for it, out in zip(items, outs, strict=True) if isinstance(out, Exception)]
+    def _score_and_encode(self, items: list[Any]) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Exception]]]:
+        """Score leased groups and encode the results (off the event loop).
+
+        Returns ``(good, bad)``: ``good`` pairs each leased item with the frame to put,
+        ``bad`` pairs each unusable item with its error.
+        """
+        from services import wire
+        from services.queues import RawItem
+
+        outs = self._score_many([it.data for it in items], "queue")
+        good, bad = [], []
+        for it, out in zip(items, outs, strict=True):
+            if isinstance(out, Exception):
+                bad.append((it, out))
+                continue
+            data = out[0]
+            try:
+                ids = tuple(str(s) for s in data.non_tensor_batch["sample_id"].tolist())
+                good.append((it, RawItem(wire.encode(data), ids)))
+            except (TypeError, ValueError, KeyError) as exc:
+                self.metrics.malformed.labels("queue").inc()
+                bad.append((it, exc))
+        return good, bad
+
+    async def _deliver(self, good: list[tuple[Any, Any]], bad: list[tuple[Any, Exception]]) -> None:
+        """Put the scored groups, then ack them; ack the unusable ones as dropped."""
         for it, exc in bad:
             log.error("reward: dropping group %s (samples %s): %s", it.id, list(it.sample_ids)[:4], exc)
         if good:
             try:
-                await self._outq.put([d for _, d in good], stage="scored")
+                await self._outq.put_frames([raw for _, raw in good], stage="scored")
             except Exception as exc:  # noqa: BLE001 - not acked: the groups are redelivered later
                 self.metrics.put_failures.inc()
                 log.error("reward: put to %s failed, %d groups left unacked: %s", self.cfg.output_stream, len(good), exc)
-                good = []
-            if good:
+            else:
                 await self._inq.ack([it for it, _ in good])
         if bad:
             await self._inq.ack([it for it, _ in bad], stage="dropped")
+
+    async def step(self) -> int:
+        """Lease one batch of groups, score, put, ack. Returns how many groups were leased."""
+        items = await self._inq.get(self.cfg.get_batch, self.cfg.get_timeout_s)
+        if items:
+            await self._deliver(*await asyncio.to_thread(self._score_and_encode, items))
         return len(items)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume ``input_stream`` until ``stop`` is set (no-op without a queue config)."""
+        """Consume ``input_stream`` until ``stop`` is set (no-op without a queue config).
+
+        Three stages overlap: leasing the next batch, scoring (in a thread) the current
+        one, and putting/acking the previous one. At most two batches wait between the
+        stages; on stop, batches already leased are still scored and delivered.
+        """
         if self._inq is None:
             await stop.wait()
             return
-        while not stop.is_set():
+        leased: asyncio.Queue = asyncio.Queue(maxsize=2)
+
+        async def reader() -> None:
+            while not stop.is_set():
+                try:
+                    items = await self._inq.get(self.cfg.get_batch, self.cfg.get_timeout_s)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a backend outage must not kill the service
+                    log.error("reward: get from %s failed: %s", self.cfg.input_stream, exc)
+                    await asyncio.sleep(min(1.0, self.cfg.get_timeout_s))
+                    continue
+                if items:
+                    await leased.put(items)
+            await leased.put(None)
+
+        async def deliver(good, bad) -> None:
             try:
-                await self.step()
-            except Exception as exc:  # noqa: BLE001 - a backend outage must not kill the service
-                log.error("reward: queue step failed: %s", exc)
-                await asyncio.sleep(min(1.0, self.cfg.get_timeout_s))
+                await self._deliver(good, bad)
+            except Exception as exc:  # noqa: BLE001 - unacked items are redelivered after lease_idle_s
+                log.error("reward: delivery failed: %s", exc)
+
+        read_task = asyncio.create_task(reader())
+        pending: asyncio.Task | None = None
+        try:
+            while True:
+                items = await leased.get()
+                if items is None:
+                    break
+                try:
+                    good, bad = await asyncio.to_thread(self._score_and_encode, items)
+                except Exception as exc:  # noqa: BLE001 - left unacked: redelivered after lease_idle_s
+                    log.error("reward: scoring %d groups failed: %s", len(items), exc)
+                    continue
+                if pending is not None:
+                    await pending
+                pending = asyncio.create_task(deliver(good, bad))
+        finally:
+            if pending is not None:
+                await pending
+            read_task.cancel()
+            try:
+                await read_task
+            except asyncio.CancelledError:
+                pass
 
     # -- gRPC --------------------------------------------------------------------------------
 
