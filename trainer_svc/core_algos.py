@@ -9,7 +9,7 @@ What is here (details and worked examples in docs/algorithms.md):
   ``grpo`` (``norm_adv_by_std_in_grpo``; Dr.GRPO is its ``False`` setting together with
   ``loss_agg_mode="seq-mean-token-sum-norm"``), ``grpo_vectorized``, ``grpo_passk``,
   ``rloo``, ``rloo_vectorized``, ``reinforce_plus_plus``,
-  ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``;
+  ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``, ``gdpo``;
 - ``kl_penalty`` (``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``, the
   straight-through ``+`` variants; ``full`` raises ``NotImplementedError`` as in verl);
 - ``agg_loss`` (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
@@ -48,6 +48,7 @@ from trainer_svc.algos.advantage import (
     compute_rloo_vectorized_outcome_advantage,
     expand_remax_baselines,
 )
+from trainer_svc.algos.advantage_extra import compute_gdpo_outcome_advantage
 from trainer_svc.algos.functional import (
     AGG_LOSS_MODES,
     KL_PENALTY_TYPES,
@@ -125,6 +126,7 @@ __all__ = [
     "compute_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
@@ -197,8 +199,8 @@ def compute_advantage(
     ``reward_baselines`` when present (ReMax). ``gae`` gets ``gamma``/``lam``; ``grpo`` gets
     ``norm_adv_by_std_in_grpo`` (and, with ``multi_turn``, ``loss_mask`` as its mask); any
     other estimator gets ``token_level_rewards``, ``response_mask``, ``config`` and the
-    optional ``index`` / ``reward_baselines``. ``num_repeat`` is accepted for verl
-    compatibility (unused there too).
+    optional ``index`` / ``reward_baselines``; ``gdpo`` also gets ``non_tensor_batch`` and
+    ``batch``. ``num_repeat`` is accepted for verl compatibility (unused there too).
 
     Returns:
         ``data`` (modified in place).
@@ -238,6 +240,9 @@ def compute_advantage(
             kwargs["index"] = data.non_tensor_batch["uid"]
         if "reward_baselines" in batch.keys():
             kwargs["reward_baselines"] = batch["reward_baselines"]
+        if name == AdvantageEstimator.GDPO.value:
+            kwargs["non_tensor_batch"] = data.non_tensor_batch
+            kwargs["batch"] = batch
         advantages, returns = fn(**kwargs)
     batch["advantages"] = advantages
     batch["returns"] = returns

@@ -89,6 +89,8 @@ def make_inputs(seed: int = 1234, batch: int = 8, length: int = 6, vocab: int = 
         "logits": noise(1.0, batch, length, vocab),
         "baselines": torch.rand(batch, generator=gen),
         "loss_mat": noise(1.0),
+        "fmt_reward": torch.randint(0, 2, (batch,), generator=gen).float(),
+        "acc_reward": torch.rand(batch, generator=gen) * 2,
     }
 
 
@@ -117,6 +119,15 @@ def run_cases(impl: Any, x: dict[str, Any]) -> dict[str, torch.Tensor]:
             adv, ret = impl.advantage(est, rewards.clone(), mask, index, norm, gamma=0.9)
             put(f"adv/{est}/norm={norm}/advantages", adv)
             put(f"adv/{est}/norm={norm}/returns", ret)
+    prompts = torch.zeros(rewards.shape[0], 3, dtype=torch.long)
+    gdpo_batch = {"prompts": prompts, "attention_mask": torch.cat([torch.ones_like(prompts), mask.long()], dim=1)}
+    gdpo_columns = {"fmt": x["fmt_reward"].numpy(), "acc": x["acc_reward"].numpy()}
+    gdpo_cfg = {"gdpo_reward_keys": ["fmt", "acc"], "gdpo_reward_weights": [1.0, 0.5]}
+    for norm in (True, False):
+        adv, _ = impl.gdpo(rewards.clone(), mask, x["index"], norm, gdpo_cfg, gdpo_columns, gdpo_batch)
+        put(f"adv/gdpo/components/norm={norm}", adv)
+        adv, _ = impl.gdpo(rewards.clone(), mask, x["index"], norm, None, None, None)
+        put(f"adv/gdpo/fallback/norm={norm}", adv)
     adv, ret = impl.gae(rewards, x["values"], mask, 0.9, 0.8)
     put("adv/gae/advantages", adv)
     put("adv/gae/returns", ret)

@@ -282,3 +282,32 @@ def test_compute_advantage_dispatches_grpo_and_gae() -> None:
     no_uid = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask})
     with pytest.raises(ValueError, match="uid"):
         ca.compute_advantage(no_uid, "grpo")
+
+
+def test_gdpo_normalises_each_reward_component_through_compute_advantage() -> None:
+    rewards, mask = outcome([0.0] * 4, length=3, lengths=[3, 2, 3, 1])
+    prompts = torch.zeros(4, 2, dtype=torch.long)
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_rewards": rewards,
+            "response_mask": mask,
+            "prompts": prompts,
+            "attention_mask": torch.cat([torch.ones_like(prompts), mask.long()], dim=1),
+        },
+        non_tensors={
+            "uid": np.array(["a", "a", "b", "b"], dtype=object),
+            "fmt": np.array([1.0, 0.0, 1.0, 1.0]),
+            "acc": np.array([0.0, 2.0, 1.0, 3.0]),
+        },
+    )
+    cfg = {"gdpo_reward_keys": ["fmt", "acc"], "gdpo_reward_weights": [1.0, 0.5]}
+    ca.compute_advantage(data, "gdpo", config=cfg)
+    # per component GRPO (groups of 2: +-1/sqrt(2)/(std+eps) -> +-0.7071), weighted sum, then whitened
+    g = 1 / (math.sqrt(0.5) + 1e-6) * 0.5
+    summed = [g - 0.5 * g, -g + 0.5 * g, 0.0 - 0.5 * g, 0.0 + 0.5 * g]
+    valid = [v for v, n in zip(summed, [3, 2, 3, 1]) for _ in range(n)]
+    assert data.batch["advantages"][mask.bool()].tolist() == pytest.approx(_whiten(valid), abs=1e-5)
+    with pytest.raises(ValueError, match="gdpo_reward_keys"):
+        ca.compute_advantage(data, "gdpo", config={})
+    with pytest.raises(ValueError, match="'missing'"):
+        ca.compute_advantage(data, "gdpo", config={"gdpo_reward_keys": ["missing"]})

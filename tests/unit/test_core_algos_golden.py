@@ -27,6 +27,11 @@ class MeshrlImpl:
         return fn(token_level_rewards=rewards, response_mask=mask, index=index,
                   config={"norm_adv_by_std_in_grpo": norm, "gamma": gamma})
 
+    def gdpo(self, rewards, mask, index, norm, cfg, columns, batch):
+        return M.compute_gdpo_outcome_advantage(
+            rewards, mask, index, norm_adv_by_std_in_grpo=norm, config=cfg, non_tensor_batch=columns, batch=batch
+        )
+
     def gae(self, rewards, values, mask, gamma, lam):
         return M.compute_gae_advantage_return(rewards, values, mask, gamma=gamma, lam=lam)
 

@@ -51,6 +51,7 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
     RLOO_VECTORIZED = "rloo_vectorized"
     GRPO_VECTORIZED = "grpo_vectorized"
+    GDPO = "gdpo"
 
 
 def _name_of(name_or_enum: str | Enum) -> str:

@@ -58,6 +58,12 @@ class VerlImpl:
         cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": norm, "gamma": gamma})
         return fn(token_level_rewards=rewards, response_mask=mask, index=index, config=cfg)
 
+    def gdpo(self, rewards, mask, index, norm, cfg, columns, batch):
+        cfg = None if cfg is None else OmegaConf.create(cfg)
+        return V.compute_gdpo_outcome_advantage(
+            rewards, mask, index, norm_adv_by_std_in_grpo=norm, config=cfg, non_tensor_batch=columns, batch=batch
+        )
+
     def gae(self, rewards, values, mask, gamma, lam):
         return V.compute_gae_advantage_return(rewards, values, mask, gamma=gamma, lam=lam)
 
