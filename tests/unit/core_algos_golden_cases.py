@@ -31,7 +31,9 @@ CLIP_CONFIGS = {
     "sym": {"clip_ratio": 0.2},
     "asym": {"clip_ratio": 0.2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.28, "clip_ratio_c": 2.0},
 }
-POLICY_LOSSES = ["vanilla", "gspo", "gpg", "dppo_tv", "dppo_kl", "sapo", "cispo", "geo_mean", "dro", "clip_cov", "kl_cov"]
+POLICY_LOSSES = [
+    "vanilla", "gspo", "gpg", "dppo_tv", "dppo_kl", "sapo", "cispo", "geo_mean", "dro", "clip_cov", "kl_cov",
+]
 #: ``config.policy_loss`` settings for the losses that read them (large shares, so the
 #: covariance-based losses actually select tokens on these small inputs).
 POLICY_LOSS_SETTINGS = {

@@ -14,7 +14,9 @@ from trainer_svc import core_algos as ca
 F64 = torch.float64
 
 
-def outcome(scores: list[float], length: int = 4, lengths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def outcome(
+    scores: list[float], length: int = 4, lengths: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards [B, length] with each score on the last valid token, and the response mask."""
     lengths = lengths or [length] * len(scores)
     rewards = torch.zeros(len(scores), length, dtype=F64)

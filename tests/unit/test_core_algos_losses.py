@@ -182,7 +182,9 @@ def _inputs(ratios=RATIOS, adv=ADV):
     return old, logp, t([adv]), torch.ones(1, len(ratios), dtype=F64)
 
 
-@pytest.mark.parametrize("config", [ActorCfg(), {"clip_ratio": 0.2}, SimpleNamespace(clip_ratio=0.2, clip_ratio_low=None)])
+@pytest.mark.parametrize(
+    "config", [ActorCfg(), {"clip_ratio": 0.2}, SimpleNamespace(clip_ratio=0.2, clip_ratio_low=None)]
+)
 def test_vanilla_clipping_on_hand_built_case(config) -> None:
     old, logp, adv, mask = _inputs()
     fn = ca.get_policy_loss_fn("vanilla")
@@ -271,13 +273,19 @@ def custom_loss_name():
 
 def test_user_policy_loss_registry_round_trip(custom_loss_name: str) -> None:
     @ca.register_policy_loss(custom_loss_name)
-    def reinforce(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+    def reinforce(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+        rollout_is_weights=None,
+    ):
         return ca.agg_loss(-log_prob * advantages, response_mask, loss_agg_mode), {"custom": 1.0}
 
     fn = ca.get_policy_loss_fn(custom_loss_name)
     assert fn is reinforce
     old, logp, adv, mask = _inputs()
-    loss, metrics = fn(old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask, loss_agg_mode="token-mean", config=ActorCfg(), rollout_is_weights=None)
+    loss, metrics = fn(
+        old_log_prob=old, log_prob=logp, advantages=adv, response_mask=mask,
+        loss_agg_mode="token-mean", config=ActorCfg(), rollout_is_weights=None,
+    )
     assert metrics == {"custom": 1.0} and torch.isfinite(loss)
     with pytest.raises(ValueError, match="Unsupported loss mode: nope"):
         ca.get_policy_loss_fn("nope")

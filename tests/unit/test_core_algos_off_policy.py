@@ -53,7 +53,9 @@ def test_decoupled_drops_tokens_above_cap_instead_of_truncating() -> None:
 
 def test_batch_normalize_rescales_to_unit_mean() -> None:
     log_ratio = OLD - ROLLOUT
-    weights, metrics = ca.compute_rollout_correction_weights(log_ratio, MASK, "token", 2.0, rollout_is_batch_normalize=True)
+    weights, metrics = ca.compute_rollout_correction_weights(
+        log_ratio, MASK, "token", 2.0, rollout_is_batch_normalize=True
+    )
     valid = weights[MASK.bool()]
     assert valid.mean().item() == pytest.approx(1.0)
     assert metrics["rollout_is_batch_norm_factor"] == pytest.approx((2 + 0.5 + 1 + 2 + 1) / 5)

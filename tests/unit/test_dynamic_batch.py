@@ -106,7 +106,8 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     short = batch_with_lengths([3, 3] if rank == 0 else LENGTHS)
     short_micro, _ = prepare_dynamic_batch(short, max_token_len=10, dp_group=dist.group.WORLD)
     capped, _ = prepare_dynamic_batch(data, max_token_len=10, dp_group=dist.group.WORLD, same_micro_num_in_dp=False)
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"count": len(micro), "short": len(short_micro), "alone": len(capped), "idx": idx_list}))
+    result = {"count": len(micro), "short": len(short_micro), "alone": len(capped), "idx": idx_list}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 

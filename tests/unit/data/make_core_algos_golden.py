@@ -45,7 +45,12 @@ from verl.workers.config import ActorConfig  # noqa: E402
 
 from verl.workers.config.actor import PolicyLossConfig  # noqa: E402
 
-from tests.unit.core_algos_golden_cases import POLICY_LOSS_SETTINGS, inputs_to_json, make_inputs, run_cases  # noqa: E402
+from tests.unit.core_algos_golden_cases import (  # noqa: E402
+    POLICY_LOSS_SETTINGS,
+    inputs_to_json,
+    make_inputs,
+    run_cases,
+)
 
 
 class VerlImpl:
