@@ -38,53 +38,74 @@ MAX_NDIM = 64
 _PACK_ERRORS = (TypeError, ValueError, OverflowError)
 
 
-def _packb(obj: Any) -> bytes:
-    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True, datetime=False)
+MAX_EXT_DEPTH = 16  # tuples / object arrays nested in each other, at most this deep
 
 
-def _default(obj: Any) -> Any:
-    """msgpack hook for every value that is not an exact builtin type."""
-    if isinstance(obj, tuple):
-        return msgpack.ExtType(EXT_TUPLE, _packb(list(obj)))
-    if isinstance(obj, np.ndarray):
-        if obj.dtype == object:
-            return msgpack.ExtType(EXT_OBJARRAY, _packb([list(obj.shape), obj.reshape(-1).tolist()]))
-        ds = dtypes.numpy_dtype_str(obj.dtype, "numpy array")
-        raw = np.ascontiguousarray(obj).tobytes()
-        return msgpack.ExtType(EXT_NDARRAY, _packb([ds, list(obj.shape), raw]))
-    if isinstance(obj, np.generic):
-        ds = dtypes.numpy_dtype_str(obj.dtype, "numpy scalar")
-        return msgpack.ExtType(EXT_NPSCALAR, _packb([ds, obj.tobytes()]))
-    if isinstance(obj, torch.Tensor):
-        if obj.layout != torch.strided:
-            raise TypeError(f"tensor layout {obj.layout} is not supported")
-        dtypes.wire_dtype(obj.dtype, "tensor")
-        t = obj.detach().cpu().resolve_conj().resolve_neg().contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        name = str(t.dtype).removeprefix("torch.")
-        return msgpack.ExtType(EXT_TENSOR, _packb([name, list(t.shape), raw]))
-    if isinstance(obj, dict):
-        return dict(obj)
-    if isinstance(obj, list):
-        return list(obj)
-    if isinstance(obj, bytearray):
-        return bytes(obj)
-    raise TypeError(f"type {type(obj).__module__}.{type(obj).__qualname__} is not plain data")
+class _Packer:
+    """One encode call: msgpack with the ext hook below, counting ext nesting depth (nested
+    ext payloads are packed by recursive calls, so the depth bounds the C stack)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def packb(self, obj: Any) -> bytes:
+        return msgpack.packb(obj, default=self.default, strict_types=True, use_bin_type=True, datetime=False)
+
+    def nested(self, code: int, obj: Any) -> msgpack.ExtType:
+        if self.depth >= MAX_EXT_DEPTH:
+            raise ValueError(f"tuples/object arrays nested more than {MAX_EXT_DEPTH} deep")
+        self.depth += 1
+        try:
+            return msgpack.ExtType(code, self.packb(obj))
+        finally:
+            self.depth -= 1
+
+    def default(self, obj: Any) -> Any:
+        """msgpack hook for every value that is not an exact builtin type."""
+        if isinstance(obj, tuple):
+            return self.nested(EXT_TUPLE, list(obj))
+        if isinstance(obj, np.ndarray):
+            if obj.dtype == object:
+                return self.nested(EXT_OBJARRAY, [list(obj.shape), obj.reshape(-1).tolist()])
+            ds = dtypes.numpy_dtype_str(obj.dtype, "numpy array")
+            raw = np.ascontiguousarray(obj).tobytes()
+            return self.nested(EXT_NDARRAY, [ds, list(obj.shape), raw])
+        if isinstance(obj, np.generic):
+            ds = dtypes.numpy_dtype_str(obj.dtype, "numpy scalar")
+            return self.nested(EXT_NPSCALAR, [ds, obj.tobytes()])
+        if isinstance(obj, torch.Tensor):
+            if obj.layout != torch.strided:
+                raise TypeError(f"tensor layout {obj.layout} is not supported")
+            dtypes.wire_dtype(obj.dtype, "tensor")
+            t = obj.detach().cpu().resolve_conj().resolve_neg().contiguous()
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            return self.nested(EXT_TENSOR, [str(t.dtype).removeprefix("torch."), list(t.shape), raw])
+        if isinstance(obj, dict):
+            return dict(obj)
+        if isinstance(obj, list):
+            return list(obj)
+        if isinstance(obj, bytearray):
+            return bytes(obj)
+        raise TypeError(f"type {type(obj).__module__}.{type(obj).__qualname__} is not plain data")
 
 
 def pack(obj: Any, where: str) -> bytes:
     """msgpack-encode plain data. TypeError naming ``where`` and the offending path/type."""
     try:
-        return _packb(obj)
+        return _Packer().packb(obj)
     except _PACK_ERRORS as e:
         path, problem = _locate(obj, where, 0)
         raise TypeError(f"{path}: {problem or e} (only plain data is sent; never pickle)") from e
 
 
-def _locate(obj: Any, path: str, depth: int) -> tuple[str, str | None]:
+def _locate(obj: Any, path: str, depth: int, ext_depth: int = 0) -> tuple[str, str | None]:
     """Find the first value under ``obj`` that cannot be packed: (path, problem)."""
     if depth > 200:
         return path, "nested too deeply (or contains itself)"
+    if isinstance(obj, tuple) or (isinstance(obj, np.ndarray) and obj.dtype == object):
+        ext_depth += 1
+        if ext_depth > MAX_EXT_DEPTH:
+            return path, f"tuples/object arrays nested more than {MAX_EXT_DEPTH} deep"
     t = type(obj)
     if obj is None or t in (bool, float, bytes, bytearray):
         return path, None
@@ -100,21 +121,21 @@ def _locate(obj: Any, path: str, depth: int) -> tuple[str, str | None]:
     if isinstance(obj, (list, tuple)) or (isinstance(obj, np.ndarray) and obj.dtype == object):
         items = obj.reshape(-1).tolist() if isinstance(obj, np.ndarray) else obj
         for i, v in enumerate(items):
-            p, prob = _locate(v, f"{path}[{i}]", depth + 1)
+            p, prob = _locate(v, f"{path}[{i}]", depth + 1, ext_depth)
             if prob:
                 return p, prob
         return path, None
     if isinstance(obj, dict):
         for k, v in obj.items():
-            p, prob = _locate(k, f"{path} key {k!r}", depth + 1)
+            p, prob = _locate(k, f"{path} key {k!r}", depth + 1, ext_depth)
             if prob:
                 return p, prob
-            p, prob = _locate(v, f"{path}[{k!r}]", depth + 1)
+            p, prob = _locate(v, f"{path}[{k!r}]", depth + 1, ext_depth)
             if prob:
                 return p, prob
         return path, None
     try:
-        _default(obj)
+        _Packer().default(obj)
     except _PACK_ERRORS as e:
         return path, str(e)
     return path, None
@@ -124,72 +145,90 @@ def unpack(buf: Any, where: str) -> Any:
     """Decode msgpack produced by :func:`pack`. WireError naming ``where`` on any problem.
 
     Container/string lengths are bounded by the buffer size (msgpack's defaults for
-    ``unpackb``), so a small buffer can never claim a huge allocation.
+    ``unpackb``), so a small buffer can never claim a huge allocation; ext payloads nest at
+    most ``MAX_EXT_DEPTH`` deep (each level is a recursive unpack on the C stack).
     """
-    try:
-        return msgpack.unpackb(buf, ext_hook=_ext_hook, strict_map_key=False, raw=False, use_list=True)
-    except WireError as e:
-        raise WireError(f"{where}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - any malformed input becomes the documented error
-        raise WireError(f"{where}: malformed msgpack ({type(e).__name__}: {e})") from None
+    return _Unpacker().unpack(buf, where)
+
+
+class _Unpacker:
+    """One decode call: validates every ext payload and counts ext nesting depth."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def unpack(self, buf: Any, where: str) -> Any:
+        try:
+            return msgpack.unpackb(buf, ext_hook=self.ext_hook, strict_map_key=False, raw=False, use_list=True)
+        except WireError as e:
+            raise WireError(f"{where}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - any malformed input becomes the documented error
+            raise WireError(f"{where}: malformed msgpack ({type(e).__name__}: {e})") from None
+
+    def fields(self, data: bytes, n: int, what: str) -> list[Any]:
+        value = self.unpack(data, what)
+        if not isinstance(value, list) or len(value) != n:
+            raise WireError(f"{what}: payload must be a {n}-element array")
+        return value
+
+    def ext_hook(self, code: int, data: bytes) -> Any:
+        if self.depth >= MAX_EXT_DEPTH:
+            raise WireError(f"ext values nested more than {MAX_EXT_DEPTH} deep")
+        self.depth += 1
+        try:
+            return self._ext(code, data)
+        finally:
+            self.depth -= 1
+
+    def _ext(self, code: int, data: bytes) -> Any:
+        if code == EXT_TUPLE:
+            value = self.unpack(data, "tuple")
+            if not isinstance(value, list):
+                raise WireError("tuple: payload is not an array")
+            return tuple(value)
+        if code == EXT_NDARRAY:
+            ds, shape, raw = self.fields(data, 3, "numpy array")
+            dt = dtypes.numpy_dtype(ds, "numpy array")
+            shape = _shape(shape, "numpy array")
+            count = math.prod(shape)
+            _raw_view(raw, count, dt.itemsize, "numpy array")
+            return np.frombuffer(raw, dtype=dt, count=count).reshape(shape).copy()
+        if code == EXT_NPSCALAR:
+            ds, raw = self.fields(data, 2, "numpy scalar")
+            dt = dtypes.numpy_dtype(ds, "numpy scalar")
+            _raw_view(raw, 1, dt.itemsize, "numpy scalar")
+            return np.frombuffer(raw, dtype=dt, count=1)[0].copy()
+        if code == EXT_OBJARRAY:
+            shape, items = self.fields(data, 2, "numpy object array")
+            shape = _shape(shape, "numpy object array")
+            if not isinstance(items, list) or len(items) != math.prod(shape):
+                raise WireError(f"numpy object array: element count does not match shape {shape}")
+            return object_array(items, shape)
+        if code == EXT_TENSOR:
+            name, shape, raw = self.fields(data, 3, "tensor")
+            dt = dtypes.TORCH_BY_NAME.get(name) if isinstance(name, str) else None
+            if dt is None:
+                raise WireError(f"tensor: unknown dtype {name!r}")
+            shape = _shape(shape, "tensor")
+            count = math.prod(shape)
+            _raw_view(raw, count, dt.itemsize, "tensor")
+            if count == 0:
+                return torch.empty(shape, dtype=dt)
+            return torch.frombuffer(bytearray(raw), dtype=dt, count=count).reshape(shape)
+        raise WireError(f"unknown msgpack ext type {code}")
 
 
 def _shape(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) > MAX_NDIM:
         raise WireError(f"{what}: shape must be a list of at most {MAX_NDIM} ints")
-    if not all(type(d) is int and d >= 0 for d in value):
-        raise WireError(f"{what}: shape {value!r} has a negative or non-int dimension")
+    if not all(type(d) is int and 0 <= d <= 1 << 48 for d in value):
+        raise WireError(f"{what}: shape {value!r} has a negative, huge or non-int dimension")
     return tuple(value)
-
-
-def _fields(data: bytes, n: int, what: str) -> list[Any]:
-    value = unpack(data, what)
-    if not isinstance(value, list) or len(value) != n:
-        raise WireError(f"{what}: payload must be a {n}-element array")
-    return value
 
 
 def _raw_view(raw: Any, count: int, itemsize: int, what: str) -> None:
     if not isinstance(raw, bytes) or count * itemsize != len(raw):
-        raise WireError(f"{what}: {count} elements of {itemsize} bytes do not match {len(raw)} data bytes")
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == EXT_TUPLE:
-        value = unpack(data, "tuple")
-        if not isinstance(value, list):
-            raise WireError("tuple: payload is not an array")
-        return tuple(value)
-    if code == EXT_NDARRAY:
-        ds, shape, raw = _fields(data, 3, "numpy array")
-        dt = dtypes.numpy_dtype(ds, "numpy array")
-        shape = _shape(shape, "numpy array")
-        count = math.prod(shape)
-        _raw_view(raw, count, dt.itemsize, "numpy array")
-        return np.frombuffer(raw, dtype=dt, count=count).reshape(shape).copy()
-    if code == EXT_NPSCALAR:
-        ds, raw = _fields(data, 2, "numpy scalar")
-        dt = dtypes.numpy_dtype(ds, "numpy scalar")
-        _raw_view(raw, 1, dt.itemsize, "numpy scalar")
-        return np.frombuffer(raw, dtype=dt, count=1)[0].copy()
-    if code == EXT_OBJARRAY:
-        shape, items = _fields(data, 2, "numpy object array")
-        shape = _shape(shape, "numpy object array")
-        if not isinstance(items, list) or len(items) != math.prod(shape):
-            raise WireError(f"numpy object array: element count does not match shape {shape}")
-        return object_array(items, shape)
-    if code == EXT_TENSOR:
-        name, shape, raw = _fields(data, 3, "tensor")
-        dt = dtypes.TORCH_BY_NAME.get(name) if isinstance(name, str) else None
-        if dt is None:
-            raise WireError(f"tensor: unknown dtype {name!r}")
-        shape = _shape(shape, "tensor")
-        count = math.prod(shape)
-        _raw_view(raw, count, dt.itemsize, "tensor")
-        if count == 0:
-            return torch.empty(shape, dtype=dt)
-        return torch.frombuffer(bytearray(raw), dtype=dt, count=count).reshape(shape)
-    raise WireError(f"unknown msgpack ext type {code}")
+        raise WireError(f"{what}: {count} elements of {itemsize} bytes do not match {len(raw) if isinstance(raw, bytes) else '?'} data bytes")
 
 
 def object_array(items: list[Any], shape: tuple[int, ...]) -> np.ndarray:

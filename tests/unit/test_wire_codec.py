@@ -213,6 +213,17 @@ def test_decode_never_unpickles(monkeypatch):
     roundtrip(d)
 
 
+def _nest_tuples(depth: int):
+    value: object = "leaf"
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+def test_nesting_up_to_the_limit_round_trips():
+    roundtrip(DataProto.from_dict(tensors={"x": torch.ones(1)}, meta_info={"deep": _nest_tuples(16), "lists": [[[[[[1]]]]]] * 3}))
+
+
 class Opaque:
     """An arbitrary object: must never be pickled onto the wire."""
 
@@ -229,6 +240,7 @@ class Opaque:
         ({"o": np.array([Opaque()], dtype=object)}, "meta_info['o'][0]"),
         ({"dt": np.array(["2020-01-01"], dtype="datetime64[D]")}, "meta_info['dt']"),
         ({"cplx": 1j}, "meta_info['cplx']"),
+        ({"deep": _nest_tuples(17)}, "nested more than 16"),
     ],
 )
 def test_encode_refuses_non_plain_meta_info_naming_the_path(meta, path):

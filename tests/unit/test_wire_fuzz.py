@@ -253,3 +253,19 @@ def test_meta_info_must_be_a_map():
     hdr.meta_info.nbytes = len(meta)
     with pytest.raises(wire.WireError, match="meta_info"):
         wire.decode(_build(hdr, data))
+
+
+def _nested_tuple_payload(depth: int) -> bytes:
+    inner = msgpack.packb([1])
+    for _ in range(depth):
+        inner = msgpack.packb([msgpack.ExtType(4, inner)])
+    return inner
+
+
+@pytest.mark.parametrize("depth", [17, 300, 5000])
+def test_deeply_nested_ext_payloads_are_refused_not_crashing(depth):
+    """Each ext level is a recursive unpack on the C stack: unbounded nesting would crash
+    the process (it did at ~300 levels before the depth limit)."""
+    col = msgpack.packb([msgpack.ExtType(4, _nested_tuple_payload(depth)), 1, 2])
+    with pytest.raises(wire.WireError, match="nested more than"):
+        wire.decode(_with_column_payload(col))
