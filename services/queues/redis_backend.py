@@ -32,6 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from services.config.queues import RedisQueueConfig
 from services.queues import redis_scripts
 from services.queues.base import PutOutcome, Queue, RawItem, RawLeased
+from services.queues.redis_blobs import BlobConnection
 from services.queues.stats import QueueMetrics
 
 _MAX_SCRIPT_ITEMS = 500  # keep Lua argument lists well under its stack limit
@@ -102,11 +103,24 @@ class RedisQueue(Queue):
         self._held: set[str] = set()  # entry ids handed to the application, not yet acked
         self._claim_cursor = "0-0"
         self._blobs_sent: set[int] = set()  # seqs of the current put whose large frame is in Redis
+        self._blob = self._blob_connection()
+
+    def _blob_connection(self) -> BlobConnection | None:
+        """The zero-copy large-frame connection (plain TCP only; None = use redis-py)."""
+        pool = self._r.connection_pool
+        kw = pool.connection_kwargs
+        if pool.connection_class is not aioredis.Connection or "host" not in kw:
+            return None  # TLS or unix socket
+        return BlobConnection(kw["host"], int(kw.get("port", 6379)), db=int(kw.get("db") or 0),
+                              username=kw.get("username"), password=kw.get("password"),
+                              timeout=self.cfg.op_timeout_s)
 
     def _put_started(self) -> None:
         self._blobs_sent.clear()
 
     async def close(self) -> None:
+        if self._blob is not None:
+            self._blob.close()
         if self._own_client:
             await self._r.aclose()
 
@@ -128,7 +142,10 @@ class RedisQueue(Queue):
                 if len(payload) >= cfg.large_frame_bytes:
                     key = f"{self._k_blob}{self.producer_id}:{seq}"
                     if seq not in self._blobs_sent:  # not again while waiting for room
-                        pipe.set(key, payload, ex=cfg.large_frame_ttl_s)
+                        if self._blob is not None:
+                            await self._blob.set(key, payload, cfg.large_frame_ttl_s)
+                        else:
+                            pipe.set(key, payload, ex=cfg.large_frame_ttl_s)
                         self._blobs_sent.add(seq)
                     kind, value = "k", key
                 else:
@@ -242,10 +259,14 @@ class RedisQueue(Queue):
             except (KeyError, ValueError, UnicodeDecodeError) as exc:
                 r.error = f"{type(exc).__name__}: {exc}"
         if blobs:
-            pipe = self._r.pipeline(transaction=False)
-            for _, key, _ in blobs:
-                pipe.get(key)
-            for (r, key, n), data in zip(blobs, await pipe.execute(), strict=True):
+            if self._blob is not None:
+                values = await self._blob.get_many([key for _, key, _ in blobs], self.cfg.max_frame_bytes)
+            else:
+                pipe = self._r.pipeline(transaction=False)
+                for _, key, _ in blobs:
+                    pipe.get(key)
+                values = await pipe.execute()
+            for (r, key, n), data in zip(blobs, values, strict=True):
                 if data is None:
                     r.error = f"large frame {key} is missing (expired?)"
                 elif len(data) != n:
@@ -253,28 +274,22 @@ class RedisQueue(Queue):
                 else:
                     r.payload = data
         good = [r for r in leased if r.error is None]
-        for start in range(0, len(good), _MAX_SCRIPT_ITEMS):
-            chunk = good[start : start + _MAX_SCRIPT_ITEMS]
-            args: list[Any] = [self.cfg.dedupe_window, len(chunk)]
-            for r in chunk:
-                args += [r.id, len(r.sample_ids), *r.sample_ids]
-            flags = await self._s_claim(keys=list(self._k_claims), args=args)
-            for r, f in zip(chunk, flags, strict=True):
-                r.fresh = tuple(c == ord("1") for c in f)
+        if good:
+            pairs = json.dumps([[r.id, r.sample_ids] for r in good])
+            flags = await self._s_claim(keys=list(self._k_claims), args=[self.cfg.dedupe_window, pairs])
+            for r, f in zip(good, flags, strict=True):
+                r.fresh = tuple(c == 49 for c in f)  # b"1"
         for r in good:
             self._held.add(r.id)
         return leased
 
     # ------------------------------------------------------------------ ack / depth / ledger
     async def _ack_once(self, items: Sequence[RawLeased], stage: str | None) -> int:
-        total = 0
-        for start in range(0, len(items), _MAX_SCRIPT_ITEMS):
-            chunk = items[start : start + _MAX_SCRIPT_ITEMS]
-            blobs = [r.token for r in chunk if isinstance(r.token, str)]
-            sids = [s for r in chunk for s, f in zip(r.sample_ids, r.fresh, strict=False) if f] if stage else []
-            args: list[Any] = [self.group, stage or "", self.cfg.ledger_max_entries, len(chunk),
-                               *[r.id for r in chunk], len(blobs), *blobs, *sids]
-            total += int(await self._s_ack(keys=[self.k_stream, *self._k_ledger], args=args))
+        blobs = [r.token for r in items if isinstance(r.token, str)]
+        sids = [s for r in items for s, f in zip(r.sample_ids, r.fresh, strict=False) if f] if stage else []
+        args = [self.group, stage or "", self.cfg.ledger_max_entries, json.dumps([r.id for r in items]),
+                json.dumps(blobs), json.dumps(sids)]
+        total = int(await self._s_ack(keys=[self.k_stream, *self._k_ledger], args=args))
         for r in items:
             self._held.discard(r.id)
         return total

@@ -71,18 +71,14 @@ return out
 CLAIM = """
 -- Dedupe: the first entry delivered with a sample_id owns it (within a bounded window).
 -- KEYS: 1 claims hash (sid -> entry id), 2 claims zset (sid -> age), 3 counter key
--- ARGV: 1 window, 2 n entries, then per entry: id, k, sid_1..sid_k
+-- ARGV: 1 window, 2 JSON [[entry id, [sid, ...]], ...]
 -- Returns one string per entry, one char per sample: '1' fresh (ours), '0' duplicate.
 local window = tonumber(ARGV[1])
-local n = tonumber(ARGV[2])
 local out = {}
-local a = 3
-for e = 1, n do
-  local id = ARGV[a]
-  local k = tonumber(ARGV[a + 1])
+for e, pair in ipairs(cjson.decode(ARGV[2])) do
+  local id = pair[1]
   local flags = {}
-  for j = 1, k do
-    local sid = ARGV[a + 1 + j]
+  for j, sid in ipairs(pair[2]) do
     local cur = redis.call('HGET', KEYS[1], sid)
     if not cur then
       redis.call('HSET', KEYS[1], sid, id)
@@ -95,7 +91,6 @@ for e = 1, n do
     end
   end
   out[e] = table.concat(flags)
-  a = a + 2 + k
 end
 local over = redis.call('HLEN', KEYS[1]) - window
 if over > 0 then
@@ -109,18 +104,19 @@ ACK = (
     _LEDGER_FN
     + """
 -- KEYS: 1 stream, 2 ledger hash, 3 ledger zset, 4 ledger counter
--- ARGV: 1 group, 2 stage or '', 3 ledger max, 4 n ids, ids..., then m blob keys, keys...,
---       then sample ids (rest)
+-- ARGV: 1 group, 2 stage or '', 3 ledger max, 4 JSON [entry id, ...], 5 JSON [large-frame key, ...],
+--       6 JSON [sample id, ...] (stage only)
 -- XACK + XDEL the entries, delete their large-frame keys, record the stage. Returns #acked.
-local n = tonumber(ARGV[4])
-local ids = {}
-for j = 1, n do ids[j] = ARGV[4 + j] end
-local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
-redis.call('XDEL', KEYS[1], unpack(ids))
-local m = tonumber(ARGV[5 + n])
-for j = 1, m do redis.call('DEL', ARGV[5 + n + j]) end
+local ids = cjson.decode(ARGV[4])
+local acked = 0
+for j = 1, #ids, 1000 do
+  local part = {unpack(ids, j, math.min(j + 999, #ids))}
+  acked = acked + redis.call('XACK', KEYS[1], ARGV[1], unpack(part))
+  redis.call('XDEL', KEYS[1], unpack(part))
+end
+for _, key in ipairs(cjson.decode(ARGV[5])) do redis.call('DEL', key) end
 if ARGV[2] ~= '' then
-  for j = 6 + n + m, #ARGV do ledger_set(KEYS[2], KEYS[3], KEYS[4], ARGV[j], ARGV[2]) end
+  for _, sid in ipairs(cjson.decode(ARGV[6])) do ledger_set(KEYS[2], KEYS[3], KEYS[4], sid, ARGV[2]) end
   ledger_trim(KEYS[2], KEYS[3], tonumber(ARGV[3]))
 end
 return acked
