@@ -10,6 +10,8 @@ PY="${PYTHON:-python3}"
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v chromium >/dev/null || need_apt+=(chromium)      # the gateway dashboard test (headless)
+command -v promtool >/dev/null || need_apt+=(prometheus)    # promtool: deploy/prometheus checks
 if ((${#need_apt[@]})); then
   echo "== apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
