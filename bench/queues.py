@@ -44,10 +44,12 @@ def make_frame(nbytes: int, tag: str):
                                non_tensors={"sample_id": np.array([f"{tag}-{r}" for r in range(4)], dtype=object)})
 
 
-def _queue_cfg(kind: str, addr: str):
+def _queue_cfg(kind: str, addr: str, frame_bytes: int):
+    """Backpressure bound: about 256 MB of frames in flight (at least 4)."""
     from services.config.queues import EmbeddedQueueConfig, RedisQueueConfig
 
-    common = {"max_depth": 4, "op_timeout_s": 60.0, "lease_idle_s": 0, "max_frame_bytes": 1 << 30}
+    depth = max(4, (256 << 20) // max(frame_bytes, 1))
+    common = {"max_depth": depth, "op_timeout_s": 60.0, "lease_idle_s": 0, "max_frame_bytes": 1 << 30}
     if kind == "redis":
         return RedisQueueConfig(url=addr, **common)
     return EmbeddedQueueConfig(address=addr, chunk_bytes=4 << 20, **common)
@@ -81,8 +83,8 @@ def producer_main(ctl, plan: list[dict]) -> None:
                 s.recv(1)
         elif kind == "msgs":
             async def put_msgs() -> float:
-                q = make_queue(_queue_cfg("redis", phase["addr"]).model_copy(update={"max_depth": 100_000}),
-                               stream=tag, group="bench", consumer="producer")
+                q = make_queue(_queue_cfg("redis", phase["addr"], 1024), stream=tag, group="bench",
+                               consumer="producer")
                 frame = bytes(wire.encode(make_frame(704, "m")))  # ~1 KB: 704 tensor bytes + header
                 items = [RawItem(frame, (f"m{i}",)) for i in range(n)]
                 t = time.monotonic()
@@ -94,7 +96,7 @@ def producer_main(ctl, plan: list[dict]) -> None:
             t0 = asyncio.run(put_msgs())
         else:
             async def put_all() -> None:
-                q = make_queue(_queue_cfg(kind, phase["addr"]), stream=tag, group="bench", consumer="producer")
+                q = make_queue(_queue_cfg(kind, phase["addr"], size), stream=tag, group="bench", consumer="producer")
                 for f in frames:
                     await q.put([f])
                 await q.close()
@@ -137,13 +139,13 @@ def consumer_main(ctl, plan: list[dict]) -> None:
                 conn.sendall(b"k")
         elif kind == "msgs":
             async def get_msgs() -> float:
-                q = make_queue(_queue_cfg("redis", phase["addr"]).model_copy(update={"max_depth": 100_000}),
-                               stream=tag, group="bench", consumer="consumer")
+                q = make_queue(_queue_cfg("redis", phase["addr"], 1024), stream=tag, group="bench",
+                               consumer="consumer")
                 await q.depth()
                 ctl.send(None)
                 got = 0
                 while got < n:
-                    items = await q.get_frames(500, 10.0)
+                    items = await q.get_frames(1000, 10.0)
                     if not items:
                         raise RuntimeError(f"redis stream ran dry after {got} of {n} messages")
                     await q.ack(items)
@@ -156,12 +158,13 @@ def consumer_main(ctl, plan: list[dict]) -> None:
             size_total = n
         else:
             async def get_all() -> tuple[float, int]:
-                q = make_queue(_queue_cfg(kind, phase["addr"]), stream=tag, group="bench", consumer="consumer")
+                q = make_queue(_queue_cfg(kind, phase["addr"], phase["size"]), stream=tag, group="bench",
+                               consumer="consumer")
                 await q.depth()
                 ctl.send(None)
                 got, total = 0, 0
                 while got < n:
-                    items = await q.get(1, 30.0)
+                    items = await q.get(8, 30.0)
                     if not items:
                         raise RuntimeError(f"{kind}: no frame within 30 s after {got} of {n}")
                     for it in items:

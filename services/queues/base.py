@@ -284,7 +284,7 @@ class Queue(ABC):
                         f"deadline; {len(out)} of {len(out) + len(items)} items were accepted"
                     )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.1)
+                delay = min(delay * 2, 0.02)  # poll for room; short so a fast consumer never starves
         return out
 
     async def get_frames(self, max_items: int, timeout: float) -> list[RawLeased]:
