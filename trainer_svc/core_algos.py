@@ -9,7 +9,8 @@ What is here (details and worked examples in docs/algorithms.md):
   ``grpo`` (``norm_adv_by_std_in_grpo``; Dr.GRPO is its ``False`` setting together with
   ``loss_agg_mode="seq-mean-token-sum-norm"``), ``grpo_vectorized``, ``grpo_passk``,
   ``rloo``, ``rloo_vectorized``, ``reinforce_plus_plus``,
-  ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``, ``gdpo``;
+  ``reinforce_plus_plus_baseline``, ``remax``, ``opo``, ``gpg``, ``gdpo``,
+  ``optimal_token_baseline``, ``tir_optimal_token_baseline``;
 - ``kl_penalty`` (``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``, the
   straight-through ``+`` variants; ``full`` raises ``NotImplementedError`` as in verl);
 - ``agg_loss`` (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
@@ -49,6 +50,10 @@ from trainer_svc.algos.advantage import (
     expand_remax_baselines,
 )
 from trainer_svc.algos.advantage_extra import compute_gdpo_outcome_advantage
+from trainer_svc.algos.advantage_otb import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+)
 from trainer_svc.algos.functional import (
     AGG_LOSS_MODES,
     KL_PENALTY_TYPES,
@@ -131,8 +136,10 @@ __all__ = [
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
     "compute_off_policy_weights",
     "compute_opo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
     "compute_policy_loss",
     "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
@@ -173,6 +180,9 @@ __all__ = [
 ]
 
 
+_OTB_NAMES = (AdvantageEstimator.OPTIMAL_TOKEN_BASELINE.value, AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE.value)
+
+
 def compute_response_mask(data: Any) -> torch.Tensor:
     """``[B, R]`` mask of the response tokens: the last ``R = responses.shape[1]`` columns
     of ``attention_mask`` (verl's ``compute_response_mask``)."""
@@ -200,7 +210,9 @@ def compute_advantage(
     ``norm_adv_by_std_in_grpo`` (and, with ``multi_turn``, ``loss_mask`` as its mask); any
     other estimator gets ``token_level_rewards``, ``response_mask``, ``config`` and the
     optional ``index`` / ``reward_baselines``; ``gdpo`` also gets ``non_tensor_batch`` and
-    ``batch``. ``num_repeat`` is accepted for verl compatibility (unused there too).
+    ``batch``; the optimal-token-baseline estimators get ``sum_pi_squared``,
+    ``old_log_probs`` and ``rollout_is_weights`` (or None). ``num_repeat`` is accepted
+    for verl compatibility (unused there too).
 
     Returns:
         ``data`` (modified in place).
@@ -243,6 +255,12 @@ def compute_advantage(
         if name == AdvantageEstimator.GDPO.value:
             kwargs["non_tensor_batch"] = data.non_tensor_batch
             kwargs["batch"] = batch
+        if name in _OTB_NAMES:
+            if "sum_pi_squared" not in batch.keys():
+                raise ValueError(f"adv_estimator {name!r} needs data.batch['sum_pi_squared'] from the actor")
+            kwargs["sum_pi_squared"] = batch["sum_pi_squared"]
+            kwargs["old_log_probs"] = batch["old_log_probs"]
+            kwargs["rollout_is_weights"] = batch.get("rollout_is_weights", None)
         advantages, returns = fn(**kwargs)
     batch["advantages"] = advantages
     batch["returns"] = returns

@@ -130,6 +130,14 @@ def run_cases(impl: Any, x: dict[str, Any]) -> dict[str, torch.Tensor]:
         put(f"adv/gdpo/components/norm={norm}", adv)
         adv, _ = impl.gdpo(rewards.clone(), mask, x["index"], norm, None, None, None)
         put(f"adv/gdpo/fallback/norm={norm}", adv)
+    sum_pi_sq = (torch.softmax(x["logits"], dim=-1) ** 2).sum(dim=-1)
+    otb_weights = impl.is_weights(x["old"] - x["rollout"], mask, "token", 2.0, False)
+    for est in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        for tail in (True, False):
+            for weights_name, weights in (("none", None), ("tis", otb_weights)):
+                adv, ret = impl.otb(est, rewards, mask, x["index"], x["old"], sum_pi_sq, weights, tail)
+                put(f"adv/{est}/tail={tail}/w={weights_name}/advantages", adv)
+                put(f"adv/{est}/tail={tail}/w={weights_name}/returns", ret)
     adv, ret = impl.gae(rewards, x["values"], mask, 0.9, 0.8)
     put("adv/gae/advantages", adv)
     put("adv/gae/returns", ret)

@@ -313,3 +313,25 @@ def test_gdpo_normalises_each_reward_component_through_compute_advantage() -> No
         ca.compute_advantage(data, "gdpo", config={})
     with pytest.raises(ValueError, match="'missing'"):
         ca.compute_advantage(data, "gdpo", config={"gdpo_reward_keys": ["missing"]})
+
+
+def test_optimal_token_baseline_through_compute_advantage() -> None:
+    rewards, mask = outcome([1.0, 0.0, 0.3], length=2)
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_rewards": rewards,
+            "response_mask": mask,
+            "old_log_probs": torch.full_like(rewards, math.log(0.5)),
+        },
+        non_tensors={"uid": np.array(["a", "a", "solo"], dtype=object)},
+    )
+    with pytest.raises(ValueError, match="sum_pi_squared"):
+        ca.compute_advantage(data, "optimal_token_baseline")
+    # w_t = 1 - 2 * 0.5 + 0.5 = 0.5 per step for everyone: the baseline is the plain
+    # group mean of the return-to-go (0.5); a singleton keeps its return
+    data.batch["sum_pi_squared"] = torch.full_like(rewards, 0.5)
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        ca.compute_advantage(data, name)
+        expected = [0.5, 0.5, -0.5, -0.5, 0.3, 0.3]
+        assert data.batch["advantages"].flatten().tolist() == pytest.approx(expected, abs=1e-7)
+        assert data.batch["returns"][:, 0].tolist() == pytest.approx([1.0, 0.0, 0.3])

@@ -69,6 +69,12 @@ class VerlImpl:
             rewards, mask, index, norm_adv_by_std_in_grpo=norm, config=cfg, non_tensor_batch=columns, batch=batch
         )
 
+    def otb(self, est, rewards, mask, index, old, sum_pi_sq, weights, tail):
+        return V.get_adv_estimator_fn(est)(
+            token_level_rewards=rewards, response_mask=mask, index=index, old_log_probs=old,
+            sum_pi_squared=sum_pi_sq, rollout_is_weights=weights, handle_zero_tail=tail,
+        )
+
     def gae(self, rewards, values, mask, gamma, lam):
         return V.compute_gae_advantage_return(rewards, values, mask, gamma=gamma, lam=lam)
 
