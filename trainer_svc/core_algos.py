@@ -72,6 +72,7 @@ from trainer_svc.algos.kl_control import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
+    compute_pf_ppo_reweight_data,
     compute_rewards,
     get_kl_controller,
 )
@@ -140,6 +141,7 @@ __all__ = [
     "compute_off_policy_weights",
     "compute_opo_outcome_advantage",
     "compute_optimal_token_baseline_advantage",
+    "compute_pf_ppo_reweight_data",
     "compute_policy_loss",
     "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
@@ -214,8 +216,12 @@ def compute_advantage(
     ``old_log_probs`` and ``rollout_is_weights`` (or None). ``num_repeat`` is accepted
     for verl compatibility (unused there too).
 
+    With ``gae`` and ``config.use_pf_ppo`` the batch is then resampled by
+    :func:`compute_pf_ppo_reweight_data` (``config.pf_ppo.reweight_method/weight_pow``)
+    and a *new* DataProto is returned — use the return value.
+
     Returns:
-        ``data`` (modified in place).
+        ``data`` (modified in place), or the resampled batch with PF-PPO.
     """
     name = adv_estimator.value if isinstance(adv_estimator, AdvantageEstimator) else adv_estimator
     batch = data.batch
@@ -231,6 +237,12 @@ def compute_advantage(
             gamma=gamma,
             lam=lam,
         )
+        if cfg_get(config, "use_pf_ppo", False):
+            batch["advantages"], batch["returns"] = advantages, returns
+            pf = cfg_get(config, "pf_ppo", None)
+            return compute_pf_ppo_reweight_data(
+                data, cfg_get(pf, "reweight_method", "pow"), cfg_get(pf, "weight_pow", 2.0)
+            )
     elif name == AdvantageEstimator.GRPO.value:
         mask = batch["response_mask"]
         if multi_turn:

@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 
@@ -376,3 +377,22 @@ def test_extra_losses_hand_cases_and_errors() -> None:
         ca.get_policy_loss_fn("dro")(old, logp, adv, mask, config={})
     with pytest.raises(ValueError, match="kl_cov_ratio"):
         ca.get_policy_loss_fn("kl_cov")(old, logp, adv, mask, config={"policy_loss": {"kl_cov_ratio": -1}})
+
+
+def test_pf_ppo_resamples_rows_by_score() -> None:
+    scores = t([[0.0, 0.0], [0.0, 1.0], [0.0, 0.5], [0.5, 0.0]])
+    data = DataProto.from_dict(
+        tensors={"token_level_scores": scores, "row": torch.arange(4)},
+        non_tensors={"uid": np.array(list("abcd"), dtype=object)},
+        meta_info={"per_row": [10, 11, 12, 13], "temperature": 1.0},
+    )
+    torch.manual_seed(0)
+    out = ca.compute_pf_ppo_reweight_data(data, "max_min")
+    rows = out.batch["row"].tolist()
+    assert len(rows) == 4 and set(rows) <= {0, 1}  # only the best and worst rows carry weight
+    assert out.non_tensor_batch["uid"].tolist() == ["abcd"[r] for r in rows]
+    assert out.meta_info == {"per_row": [10 + r for r in rows], "temperature": 1.0}
+    only_best = ca.compute_pf_ppo_reweight_data(data, "pow", weight_pow=2.0)
+    assert set(only_best.batch["row"].tolist()) <= {1, 2, 3}  # |score| ** 2: row 0 has weight ~0
+    with pytest.raises(ValueError, match="reweight_method"):
+        ca.compute_pf_ppo_reweight_data(data, "softmax")

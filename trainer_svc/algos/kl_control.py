@@ -1,5 +1,6 @@
 """KL-in-reward: the fixed and adaptive KL coefficient controllers, ``compute_rewards`` and
-``apply_kl_penalty`` (verl's ``algorithm.use_kl_in_reward`` path)."""
+``apply_kl_penalty`` (verl's ``algorithm.use_kl_in_reward`` path); and PF-PPO's
+score-based resampling (``compute_pf_ppo_reweight_data``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "apply_kl_penalty",
+    "compute_pf_ppo_reweight_data",
     "compute_rewards",
     "get_kl_controller",
 ]
@@ -111,3 +113,40 @@ def apply_kl_penalty(
     current_kl = torch.mean(masked_mean(kld, mask, axis=-1)).item()
     kl_ctrl.update(current_kl=current_kl, n_steps=mask.shape[0])
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
+
+
+def compute_pf_ppo_reweight_data(data: Any, reweight_method: str = "pow", weight_pow: float = 2.0) -> Any:
+    """PF-PPO: resample the batch (with replacement, same size) with probabilities from
+    each response's summed ``token_level_scores``.
+
+    ``reweight_method``: ``pow`` (``|score| ** weight_pow``), ``max_min`` (1 for the
+    best and worst scores, else 0), ``max_random`` (0.4 for the best, else 0.1); weights
+    get ``+1e-8`` so every row stays possible. Uses the global torch RNG. Meta-info lists
+    with one entry per row are resampled too.
+
+    Returns:
+        a new DataProto of the same length.
+
+    Raises:
+        ValueError: unknown ``reweight_method``.
+    """
+    scores = data.batch["token_level_scores"].sum(dim=-1)
+    with torch.no_grad():
+        if reweight_method == "pow":
+            weights = torch.pow(torch.abs(scores), weight_pow)
+        elif reweight_method == "max_min":
+            weights = torch.where((scores == scores.max()) | (scores == scores.min()), 1.0, 0.0)
+        elif reweight_method == "max_random":
+            weights = torch.where(scores == scores.max(), 0.4, 0.1)
+        else:
+            raise ValueError(f"unsupported reweight_method {reweight_method!r}; expected pow, max_min or max_random")
+        weights = torch.clamp(weights + 1e-8, min=1e-8)
+        size = scores.shape[0]
+        rows = torch.multinomial(weights, size, replacement=True)
+    resampled = data.select_idxs(rows)
+    picks = rows.tolist()
+    resampled.meta_info = {
+        key: [value[i] for i in picks] if isinstance(value, list) and len(value) == size else value
+        for key, value in data.meta_info.items()
+    }
+    return resampled
