@@ -1,6 +1,7 @@
 """``python -m trainer_svc`` end to end on a real Redis ``experience`` stream, 2 gloo ranks:
-checkpoint -> SIGKILL -> resume reproduces the next step exactly; SIGTERM checkpoints and
-exits cleanly; /health, /ready and /metrics are served."""
+checkpoint -> SIGKILL -> resume reproduces the next step exactly; the new version reaches a
+real weight receiver bit for bit; SIGTERM checkpoints and exits cleanly; /health, /ready
+and /metrics are served."""
 
 from __future__ import annotations
 
@@ -125,10 +126,14 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     run.wait()
     assert len(_steps(b / "steps.jsonl")) == 2
 
-    # B2: resume; the third batch arrives; step 3 must equal A's step 3.
-    await _put(url, "b", 2 * N_PER_STEP, N_PER_STEP, vocab)
-    run = Trainer(cfg_b, "trainer.total_steps=4", "trainer.save_freq=100")
+    # B2: resume with a weight channel; a receiver subscribes; the third batch arrives;
+    # step 3 must equal A's step 3, and version 3 must reach the receiver.
+    run = Trainer(cfg_b, "trainer.total_steps=4", "trainer.save_freq=100", "weights.control_port=0", "weights.bucket_mb=1")
     addr = run.ready_address()
+    weights_addr = next(x for x in run.lines if x.startswith("trainer ready")).split("weights=")[1].split()[0]
+    probe = Probe(weights_addr)
+    probe.wait_event(lambda e: e["event"] == "welcome")
+    await _put(url, "b", 2 * N_PER_STEP, N_PER_STEP, vocab)
     run.wait_for(lambda: len(_steps(b / "steps.jsonl")) >= 3, "resumed step 3")
     step3 = _steps(b / "steps.jsonl")[2]
     assert step3["step"] == 3 and step3["version"] == 3
@@ -153,3 +158,59 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     assert latest.read_text() == "3"
     state = json.loads((b / "ckpt" / "global_step_3" / "state.json").read_text())
     assert state["version"] == 3 and state["extra"]["intake"]["samples_trained"] == 3 * N_PER_STEP * 2
+
+    # the receiver got version 3, identical to the checkpointed weights
+    got = probe.wait_event(lambda e: e["event"] in ("update", "snapshot") and e["version"] == 3)
+    assert probe.proc.wait(timeout=30) == 0
+    saved = _checkpoint_params(b / "ckpt" / "global_step_3" / "model", tmp_path / "full.pt")
+    from services.weights.probe import tensor_digest
+
+    assert set(got["digest"]) <= set(saved), set(got["digest"]) - set(saved)
+    assert "model.layers.0.self_attn.q_proj.weight" in got["digest"]
+    for name, digest in got["digest"].items():
+        assert tensor_digest(saved[name]) == digest, name
+
+
+def _checkpoint_params(dcp_dir: Path, out: Path) -> dict:
+    """The actor parameters of a DCP checkpoint, by HF name (offline, no process group)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(dcp_dir), str(out))
+    state = torch.load(out, weights_only=True)
+    return {k[len("actor.model."):]: v for k, v in _flatten(state).items() if k.startswith("actor.model.")}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class Probe:
+    """A real weight receiver process (``python -m services.weights.probe``), until version 3."""
+
+    def __init__(self, address: str) -> None:
+        cmd = [sys.executable, "-m", "services.weights.probe", "--address", address, "--replica-id", "r0",
+               "--until-version", "3", "--timeout", "30", "--catch-up"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        self.events: list[dict] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.events.append(json.loads(line))
+
+    def wait_event(self, pred, timeout: float = 90.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in list(self.events):
+                if pred(e):
+                    return e
+            time.sleep(0.05)
+        self.proc.kill()
+        raise AssertionError(f"probe event not seen; exit={self.proc.poll()} events={self.events}")
