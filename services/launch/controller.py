@@ -90,7 +90,7 @@ class JobController:
             argv = python_module_argv("trainer_svc", "--config", str(cfg))
             port = raw["trainer"]["metrics_port"]
         elif name.startswith("reward"):
-            argv = python_module_argv("reward_svc", "--config", str(cfg), "--name", name)
+            argv = python_module_argv("reward_svc", "--config", str(cfg), "--consumer", name)
             port = raw["reward"]["metrics_port"]
         else:
             argv = python_module_argv("rollout_svc", "--config", str(cfg), "--name", name)
