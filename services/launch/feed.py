@@ -1,0 +1,92 @@
+"""``python -m services.launch.feed --config job.yaml``: the prompt feeder on its own.
+
+``meshrl run`` feeds prompts from inside its controller. When the services run as separate
+containers (docker-compose, Kubernetes) with a Redis queue backend, this process does that
+one job: it reads the job's training data, and keeps at most
+``(async.max_staleness + 1) * data.train_batch_size`` prompts in flight, counting as
+finished the samples the trainer reports on its ``/metrics`` (trained + dropped) divided by
+``rollout.n`` — the same admission rule as the controller. It serves its own ``/health``,
+``/ready`` and ``/metrics`` (``meshrl_feeder_prompts_total``, ``meshrl_feeder_in_flight_prompts``).
+
+A restarted feeder starts the data order again from the top; the prompts it re-sends carry
+the same ``uid``/``sample_id`` as before, and consumers dedupe on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m services.launch.feed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="the job spec (YAML)")
+    p.add_argument("--trainer-metrics", required=True, help="the trainer's /metrics URL, e.g. http://trainer:9103/metrics")
+    p.add_argument("--metrics-port", type=int, default=9104, help="port of this feeder's /health /ready /metrics")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address of this feeder's /metrics")
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between trainer scrapes")
+    p.add_argument("overrides", nargs="*", help="a.b=c overrides of the spec")
+    return p
+
+
+async def feed(spec, trainer_metrics: str, poll: float, stop, gauges) -> None:
+    """Top the prompts stream up until ``stop`` is set."""
+    import asyncio
+
+    from services.launch.controller import JobController
+    from services.launch.report import scrape
+    from services.queues import make_queue
+
+    queue = make_queue(spec.queues, stream="prompts", group="controller", consumer="feeder")
+    feeder = JobController(spec, "/tmp", progress=False)._make_feeder(queue)
+    n = spec.rollout.n
+    try:
+        while not stop.is_set():
+            t = await asyncio.to_thread(scrape, trainer_metrics)
+            finished = (t.get("meshrl_trainer_samples_total", 0.0) + t.get("meshrl_trainer_dropped_stale_samples_total", 0.0)
+                        + t.get("meshrl_trainer_dropped_error_samples_total", 0.0)) / n  # fmt: skip
+            put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s)
+            gauges["fed"].inc(put)
+            gauges["in_flight"].set(feeder.state.fed - int(finished))
+            gauges["ready"] = True
+            await asyncio.sleep(poll)
+    finally:
+        await queue.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import asyncio
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from services.config.job import JobSpecError, load_job
+    from services.metrics.server import MetricsServer
+
+    try:
+        spec = load_job(args.config, args.overrides)
+    except JobSpecError as exc:
+        print(f"feed: {exc}", file=sys.stderr)
+        return 2
+    registry = CollectorRegistry()
+    gauges: dict = {
+        "fed": Counter("meshrl_feeder_prompts", "Prompts put on the prompts stream", registry=registry),
+        "in_flight": Gauge("meshrl_feeder_in_flight_prompts", "Prompts fed and not yet finished", registry=registry),
+        "ready": False,
+    }
+    server = MetricsServer(registry, host=args.metrics_host, port=args.metrics_port, ready=lambda: gauges["ready"]).start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"feeder ready metrics={args.metrics_host}:{server.port}", flush=True)
+    try:
+        asyncio.run(feed(spec, args.trainer_metrics, args.poll, stop, gauges))
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
