@@ -75,6 +75,18 @@ class RolloutEngine:
 
         c = self.cfg
         max_len = c.max_model_len or (c.prompt_length + c.response_length)
+        chunked = c.enable_chunked_prefill
+        batched_tokens = c.max_num_batched_tokens
+        extra = {}
+        if chunked is None and c.seed is not None:
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu():
+                chunked = False  # see RolloutConfig.enable_chunked_prefill
+        if chunked is not None:
+            extra["enable_chunked_prefill"] = chunked
+            if not chunked:  # every prompt must fit one step
+                batched_tokens = max(batched_tokens or 0, max_len, 4096)
         return AsyncEngineArgs(
             model=self.model,
             dtype=self.dtype,
@@ -83,12 +95,13 @@ class RolloutEngine:
             gpu_memory_utilization=c.gpu_memory_utilization,
             enforce_eager=c.enforce_eager,
             max_num_seqs=c.max_num_seqs,
-            max_num_batched_tokens=c.max_num_batched_tokens,
+            max_num_batched_tokens=batched_tokens,
             tensor_parallel_size=c.tensor_model_parallel_size,
             enable_prefix_caching=c.enable_prefix_caching,
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            **extra,
         )
 
     async def start(self) -> None:

