@@ -100,6 +100,7 @@ from trainer_svc.algos.policy_loss_extra import (
     compute_policy_loss_dro,
     compute_policy_loss_geo_mean,
     compute_policy_loss_kl_cov,
+    compute_policy_loss_reinforce,
     compute_policy_loss_sapo,
 )
 from trainer_svc.algos.registry import (
@@ -153,6 +154,7 @@ __all__ = [
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
     "compute_policy_loss_kl_cov",
+    "compute_policy_loss_reinforce",
     "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",

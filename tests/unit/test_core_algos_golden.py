@@ -131,3 +131,28 @@ def test_golden_comparison_detects_a_wrong_algorithm(golden: dict) -> None:
 
     bad = compare(run_cases(PopulationStd(), golden["inputs"]), golden["outputs"], atol=2e-6)
     assert "adv/grpo/norm=True/advantages" in bad
+
+
+def test_public_api_matches_verl_names_parameters_and_defaults() -> None:
+    """Every public function of verl's core_algos exists here with the same parameter
+    names, kinds and defaults; the estimator enum and both registries hold the same names."""
+    import inspect
+
+    api = json.loads(GOLDEN.read_text())["api"]
+    problems = []
+    for name, params in api["functions"].items():
+        fn = getattr(M, name, None)
+        if fn is None:
+            problems.append(f"missing {name}")
+            continue
+        ours = [
+            [param, None if p.default is inspect.Parameter.empty else repr(p.default), p.kind.name]
+            for param, p in inspect.signature(fn).parameters.items()
+        ]
+        if ours != params:
+            problems.append(f"{name}: {ours} != {params}")
+    problems += [f"missing class {c}" for c in api["classes"] if not inspect.isclass(getattr(M, c, None))]
+    assert problems == []
+    assert [e.value for e in M.AdvantageEstimator] == api["adv_estimators"]
+    assert set(api["adv_registry"]) <= set(M.ADV_ESTIMATOR_REGISTRY)
+    assert set(api["policy_losses"]) <= set(M.POLICY_LOSS_REGISTRY)

@@ -26,6 +26,7 @@ from trainer_svc.algos.registry import cfg_get, register_policy_loss
 
 __all__ = [
     "compute_policy_loss_bypass_mode",
+    "compute_policy_loss_reinforce",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_dppo_kl",
@@ -317,6 +318,27 @@ def compute_policy_loss_kl_cov(
     return pg_loss, {"actor/ppo_kl": float(masked_mean(abs_kl, response_mask).detach())}
 
 
+def compute_policy_loss_reinforce(
+    rollout_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    config: Optional[Any] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """REINFORCE with optional importance weights: per-token loss ``-w * log_prob * A``
+    (``w`` = ``rollout_is_weights``, or 1); ``actor/ppo_kl`` is the mean of
+    ``rollout_log_prob - log_prob``. Used by ``bypass_mode`` (not registered by itself,
+    as in verl)."""
+    _check_same_shape(
+        rollout_log_prob=rollout_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask
+    )
+    pg_losses = -advantages * log_prob if rollout_is_weights is None else -advantages * log_prob * rollout_is_weights
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, None)
+    return pg_loss, {"actor/ppo_kl": float(masked_mean(rollout_log_prob - log_prob, response_mask).detach())}
+
+
 @register_policy_loss("bypass_mode")
 def compute_policy_loss_bypass_mode(
     old_log_prob: torch.Tensor,
@@ -364,9 +386,9 @@ def compute_policy_loss_bypass_mode(
             old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, None
         )
     elif loss_type == "reinforce":
-        pg_losses = -advantages * log_prob if weights is None else -advantages * log_prob * weights
-        pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, None)
-        pg_metrics = {"actor/ppo_kl": float(masked_mean(old_log_prob - log_prob, response_mask).detach())}
+        pg_loss, pg_metrics = compute_policy_loss_reinforce(
+            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, weights
+        )
     else:
         raise ValueError(f"rollout_correction.loss_type must be 'ppo_clip' or 'reinforce', got {loss_type!r}")
     pg_metrics.update({f"rollout_corr/{k}": v for k, v in metrics.items()})

@@ -132,6 +132,29 @@ class VerlImpl:
         return ctrl.value
 
 
+def public_api() -> dict:
+    """verl's public names: each function's parameters with their defaults, the
+    estimator enum values, and the registered names."""
+    import inspect
+
+    functions = {}
+    for name, obj in vars(V).items():
+        if name.startswith("_") or getattr(obj, "__module__", "") != V.__name__ or not inspect.isfunction(obj):
+            continue
+        functions[name] = [
+            [param, None if p.default is inspect.Parameter.empty else repr(p.default), p.kind.name]
+            for param, p in inspect.signature(obj).parameters.items()
+        ]
+    classes = sorted(n for n, o in vars(V).items() if inspect.isclass(o) and o.__module__ == V.__name__)
+    return {
+        "functions": functions,
+        "classes": classes,
+        "adv_estimators": [e.value for e in V.AdvantageEstimator],
+        "adv_registry": sorted(V.ADV_ESTIMATOR_REGISTRY),
+        "policy_losses": sorted(V.POLICY_LOSS_REGISTRY),
+    }
+
+
 def main() -> None:
     inputs = make_inputs()
     outputs = run_cases(VerlImpl(), inputs)
@@ -141,6 +164,7 @@ def main() -> None:
         "outputs": {name: [float(f"{v:.9g}") for v in t.flatten().tolist()] if t.dim() else float(f"{t.item():.9g}")
                     for name, t in outputs.items()},
         "shapes": {name: list(t.shape) for name, t in outputs.items()},
+        "api": public_api(),
     }
     path = Path(__file__).with_name("core_algos_verl_golden.json")
     path.write_text(json.dumps(golden, separators=(",", ":")))
