@@ -6,9 +6,12 @@ tensors (``--gb`` GiB as ``--tensor-mb`` MiB float32 tensors):
 * weights: ``WeightPublisher.publish(v, tensors)`` -- bucket packing, the gRPC plan
   messages and the gloo broadcast over a TCPStore-rendezvoused group -- until both
   receivers iterated every bucket and reported the version loaded;
-* tcp: the same bytes written with ``socket.sendall`` to each receiver over its own
-  loopback TCP connection (one sender thread per receiver, concurrently), until both
-  received everything into a fresh buffer and acknowledged.
+* tcp: the same bytes written with ``socket.sendall`` straight from the tensors to each
+  receiver over its own loopback TCP connection (one sender thread per receiver,
+  concurrently), until both received everything into a reused buffer and acknowledged.
+
+Both sides reuse their memory across rounds (the publisher its bucket arena, the receivers
+``reuse_buffers``), so neither pays first-touch page faults after the first round.
 
 Each round runs tcp then weights; the best of ``--rounds`` counts for each. The last
 line is ``weights ratio_vs_tcp=<R> seconds_per_gb=<S>`` with R = tcp seconds / weights
@@ -64,18 +67,21 @@ def receiver(args: argparse.Namespace) -> int:
 
     sock = socket.create_connection(("127.0.0.1", args.tcp_port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    rx = WeightReceiver(WeightChannelConfig(transfer_timeout_s=args.timeout), args.replica_id,
+    # reuse_buffers: bucket memory is recycled as the consumer moves on (what a vLLM replica
+    # that copies each tensor into its parameters would use); the TCP side reuses its buffer too.
+    rx = WeightReceiver(WeightChannelConfig(transfer_timeout_s=args.timeout, reuse_buffers=True), args.replica_id,
                         address=args.address).connect()
+    buf = None
     sock.sendall(b"R")  # subscribed
     try:
         for rnd in range(args.rounds):
             head = bytearray(8)
             _recv_exact(sock, memoryview(head))
             (total,) = struct.unpack("<Q", head)
-            buf = torch.empty(total, dtype=torch.uint8)  # fresh, like the weight channel's buckets
+            if buf is None or buf.numel() != total:
+                buf = torch.empty(total, dtype=torch.uint8)
             _recv_exact(sock, memoryview(buf.numpy()))
             sock.sendall(b"A")
-            del buf
             update = None
             while update is None:
                 update = rx.wait_for_update(timeout=args.timeout)

@@ -77,13 +77,16 @@ class WeightChannelConfig(StrictModel):
     gloo_threads: int = Field(2, ge=1, le=64, description="Worker threads of each gloo group.")
     snapshot: bool = Field(
         True,
-        description="Keep the latest published version as a safetensors file and serve it "
-        "(FetchSnapshot) to replicas that join late or fell out of a transfer.",
+        description="Keep the latest published version in reusable CPU buffers (one model copy "
+        "of host memory; on CPU they are also the broadcast source, so this costs no extra copy) "
+        "and serve it as safetensors (FetchSnapshot) to replicas that join late or missed a "
+        "transfer. Off: the publisher packs into two rotating buffers and serves no snapshot.",
     )
     snapshot_dir: str | None = Field(
         None,
-        description="Directory of the publisher's snapshot files; None = a private temporary "
-        "directory removed on close.",
+        description="Directory where the publisher persists the latest snapshot as "
+        "weights-v<version>.safetensors when it closes (and on save_snapshot()); None = keep it "
+        "in memory only.",
     )
     snapshot_chunk_kb: int = Field(
         1024,
@@ -100,6 +103,13 @@ class WeightChannelConfig(StrictModel):
         "0 = a whole version (the replica is never the reason a transfer is slow, at the cost "
         "of one model copy of memory). With a bound, a consumer that stops reading for "
         "longer than transfer_timeout_s makes the replica miss the transfer.",
+    )
+    reuse_buffers: bool = Field(
+        False,
+        description="Replica side: recycle the memory of bucket k once the consumer asks for bucket "
+        "k+1 (no page faults on fresh memory per version). Only for consumers that copy each "
+        "tensor before moving on, as vLLM's load_weights does; off = every bucket is fresh memory "
+        "the consumer may keep.",
     )
     max_replicas: int = Field(
         256, ge=1, le=65536, description="Most replicas that may subscribe at once."

@@ -10,7 +10,7 @@ tensor takes no bytes. Pure torch, no network.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -139,13 +139,15 @@ def iter_buckets(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     bucket_bytes: int,
     device: torch.device,
+    alloc: Callable[[int, int], torch.Tensor] | None = None,
 ) -> Iterator[Bucket]:
     """Pack ``named_tensors`` lazily into buckets of about ``bucket_bytes`` on ``device``.
 
     Each tensor is copied into the current bucket as soon as it is yielded (so the caller
     may produce tensors on demand, e.g. FSDP2 ``full_tensor()`` layer by layer, and drop
     them), and the caller can broadcast bucket k while bucket k+1 is being packed. Each
-    yielded bucket has a fresh ``buffer`` (a prefix view of a bucket-sized allocation). Raises ``PlanError`` for a duplicate name or unsupported tensor.
+    yielded bucket has a ``buffer`` that is a prefix view of ``alloc(index, capacity)`` (a
+    1-D uint8 tensor of at least ``capacity`` bytes on ``device``; default: a fresh one). Raises ``PlanError`` for a duplicate name or unsupported tensor.
     """
     if bucket_bytes < 1:
         raise PlanError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
@@ -176,7 +178,8 @@ def iter_buckets(
         spec = TensorSpec(name=name, dtype=dtype_name(t.dtype), shape=tuple(t.shape), offset=start, nbytes=nbytes)
         if nbytes:
             if buf is None:  # a tensor larger than a bucket gets a buffer of its own size
-                buf = torch.empty(max(bucket_bytes, nbytes), dtype=torch.uint8, device=device)
+                size = max(bucket_bytes, nbytes)
+                buf = alloc(index, size) if alloc else torch.empty(size, dtype=torch.uint8, device=device)
             view_tensor(buf, spec).copy_(t.detach())
         specs.append(spec)
         fill = start + nbytes

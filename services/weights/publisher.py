@@ -22,8 +22,6 @@ import itertools
 import logging
 import queue
 import secrets
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -37,11 +35,11 @@ import torch
 from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
-from services.weights.errors import PlanError, TransferError, VersionError
+from services.weights.arena import RotatingBuffers, SnapshotArena
+from services.weights.errors import PlanError, SnapshotError, TransferError, VersionError
 from services.weights.group import DataGroup, GroupSpec, connect_store, device_for, resolve_backend
 from services.weights.messages import SERVER_OPTIONS, bucket_to_pb, check_replica_id, control
 from services.weights.plan import Bucket, iter_buckets
-from services.weights.snapshot import iter_file_chunks, write_snapshot
 
 log = logging.getLogger(__name__)
 K = pb.ControlKind
@@ -94,33 +92,21 @@ class WeightPublisher:
         self._epoch = 0
         self._group: DataGroup | None = None
         self._members: list[_Subscriber] = []
-        self._snapshot: tuple[int, Path] | None = None
-        self._snap_job: tuple[int, list[Bucket]] | None = None
+        self._arena = SnapshotArena() if cfg.snapshot else None
+        self._rotating = RotatingBuffers(self.device)
         self._closed = False
         self._server: grpc.Server | None = None
         self._store = None
-        self._tmpdir: str | None = None
-        self._snap_dir: Path | None = None
-        self._writer: threading.Thread | None = None
         self.control_port = 0
         self.rendezvous_port = 0
         self._metrics = _Metrics(registry) if registry is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "WeightPublisher":
-        """Bind the gRPC server and the rendezvous store; start the snapshot writer."""
+        """Bind the gRPC server and the rendezvous store."""
         cfg = self.cfg
         self._store = connect_store(cfg.host, cfg.rendezvous_port, cfg.transfer_timeout_s, is_master=True)
         self.rendezvous_port = self._store.port
-        if cfg.snapshot:
-            if cfg.snapshot_dir:
-                self._snap_dir = Path(cfg.snapshot_dir)
-                self._snap_dir.mkdir(parents=True, exist_ok=True)
-            else:
-                self._tmpdir = tempfile.mkdtemp(prefix="meshrl-weights-")
-                self._snap_dir = Path(self._tmpdir)
-            self._writer = threading.Thread(target=self._write_loop, name="weights-snapshot", daemon=True)
-            self._writer.start()
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_replicas + 16, thread_name_prefix="weights-grpc"),
             options=SERVER_OPTIONS,
@@ -139,7 +125,7 @@ class WeightPublisher:
         return f"{self.cfg.rendezvous_host}:{self.control_port}"
 
     def close(self) -> None:
-        """Stop serving: end every subscription, drop the group, remove a private snapshot dir."""
+        """Stop serving: end every subscription, drop the group."""
         with self._lock:
             if self._closed:
                 return
@@ -148,14 +134,17 @@ class WeightPublisher:
             self._lock.notify_all()
         for s in subs:
             s.outbox.put(None)
+        if self._arena is not None and self.cfg.snapshot_dir and self._arena.version >= 0:
+            path = Path(self.cfg.snapshot_dir) / f"weights-v{self._arena.version}.safetensors"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.save_snapshot(path)
+            except (OSError, SnapshotError) as e:
+                log.error("persisting the last snapshot to %s failed: %s", path, e)
         if self._group is not None:
             self._group.close()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(5.0)
-        if self._writer is not None:
-            self._writer.join(timeout=30.0)
-        if self._tmpdir:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
 
     def __enter__(self) -> "WeightPublisher":
         return self.start()
@@ -209,8 +198,13 @@ class WeightPublisher:
             keep: list[Bucket] = []
             pending = None
             nb = nt = tb = 0
+            arena = self._arena
+            direct = arena is not None and self.device.type == "cpu"  # the arena is the broadcast source
+            if arena is not None:
+                arena.begin_write()
+            alloc = arena.buffer if direct else self._rotating.buffer  # type: ignore[union-attr]
             try:
-                for bucket in iter_buckets(named_tensors, self.cfg.bucket_bytes, self.device):
+                for bucket in iter_buckets(named_tensors, self.cfg.bucket_bytes, self.device, alloc):
                     nb, nt, tb = nb + 1, nt + len(bucket.specs), tb + sum(s.nbytes for s in bucket.specs)
                     if group is not None and error is None:
                         self._send(members, control(K.CONTROL_KIND_BUCKET, self.session, epoch, version,
@@ -226,8 +220,8 @@ class WeightPublisher:
                         except TransferError as e:
                             pending = None
                             fail(f"bucket {bucket.index}: {e}", started)
-                    if self.cfg.snapshot:
-                        keep.append(bucket if bucket.buffer.device.type == "cpu" else _to_cpu(bucket))
+                    if arena is not None:
+                        keep.append(bucket if direct else _to_arena(bucket, arena))
                 if pending is not None:
                     started = time.monotonic()
                     try:
@@ -255,10 +249,8 @@ class WeightPublisher:
                 _, failed = self._wait_acks(members, epoch, version, grace_until)
                 failed = [s.replica_id for s in members]
             self._latest = version
-            if self.cfg.snapshot:
-                with self._lock:
-                    self._snap_job = (version, keep)
-                    self._lock.notify_all()
+            if arena is not None:
+                arena.commit(version, keep)
             report = PublishReport(version, epoch, nb, nt, tb, time.monotonic() - t0, delivered, failed, error)
             if self._metrics is not None:
                 self._metrics.published(report)
@@ -366,44 +358,18 @@ class WeightPublisher:
 
     @property
     def snapshot_version(self) -> int:
-        """Version of the snapshot being served (-1 when none yet)."""
-        snap = self._snapshot
-        return snap[0] if snap else -1
+        """Version of the snapshot being served (-1 when none, or while a publish overwrites it)."""
+        return self._arena.version if self._arena is not None else -1
 
     def wait_for_snapshot(self, version: int, timeout: float) -> bool:
-        """Wait until the snapshot of ``version`` (or newer) is written."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self.snapshot_version < version:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closed:
-                    return False
-                self._lock.wait(left)
-            return True
+        """Wait until the snapshot of ``version`` (or newer) is served."""
+        return self._arena is not None and self._arena.wait_for(version, timeout)
 
-    def _write_loop(self) -> None:
-        """Background writer: always writes the newest pending version, skipping older ones."""
-        while True:
-            with self._lock:
-                while self._snap_job is None and not self._closed:
-                    self._lock.wait()
-                if self._snap_job is None:
-                    return
-                version, buckets = self._snap_job
-                self._snap_job = None
-            path = self._snap_dir / f"weights-v{version}.safetensors"  # type: ignore[operator]
-            try:
-                write_snapshot(path, version, buckets)
-            except OSError as e:
-                log.error("writing the snapshot of v%d to %s failed: %s", version, path, e)
-                continue
-            del buckets
-            with self._lock:
-                old = self._snapshot
-                self._snapshot = (version, path)
-                self._lock.notify_all()
-            if old is not None and old[1] != path:
-                old[1].unlink(missing_ok=True)  # readers that opened it keep their file handle
+    def save_snapshot(self, path: str | Path) -> int:
+        """Write the served snapshot to ``path`` as a safetensors file; return its version."""
+        if self._arena is None:
+            raise SnapshotError("snapshots are turned off (weights.snapshot=false)")
+        return self._arena.save(Path(path))
 
     # ------------------------------------------------------------------ servicer hooks
     def _subscribe(self, replica_id: str, served_version: int) -> _Subscriber:
@@ -461,8 +427,11 @@ class WeightPublisher:
                               epoch=self._epoch, replicas=list(self.replicas().values()))
 
 
-def _to_cpu(b: Bucket) -> Bucket:
-    return Bucket(index=b.index, nbytes=b.nbytes, specs=b.specs, buffer=b.buffer.to("cpu"))  # type: ignore[union-attr]
+def _to_arena(b: Bucket, arena: SnapshotArena) -> Bucket:
+    """A copy of device bucket ``b`` in the (CPU) arena."""
+    buf = arena.buffer(b.index, b.nbytes)[: b.nbytes]
+    buf.copy_(b.buffer)  # type: ignore[arg-type]
+    return Bucket(index=b.index, nbytes=b.nbytes, specs=b.specs, buffer=buf)
 
 
 class _Servicer(pb_grpc.WeightServiceServicer):
@@ -498,16 +467,21 @@ class _Servicer(pb_grpc.WeightServiceServicer):
         return pb.AckReply(known=self.pub._ack(request))
 
     def FetchSnapshot(self, request, context):  # noqa: N802
-        snap = self.pub._snapshot
-        if snap is None or snap[0] < request.min_version:
-            have = snap[0] if snap else -1
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no snapshot >= v{request.min_version} (have v{have})")
-        version, path = snap
+        arena = self.pub._arena
+        if arena is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "this publisher keeps no snapshots (weights.snapshot=false)")
+        chunks = arena.stream(self.pub.cfg.snapshot_chunk_kb << 10, request.min_version)
         try:
-            for total, offset, data in iter_file_chunks(path, self.pub.cfg.snapshot_chunk_kb << 10):
+            first = next(chunks)
+        except SnapshotError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except StopIteration:
+            context.abort(grpc.StatusCode.INTERNAL, "empty snapshot")
+        try:
+            for version, total, offset, data in itertools.chain([first], chunks):
                 yield pb.SnapshotChunk(policy_version=version, total_bytes=total, offset=offset, data=data)
-        except FileNotFoundError:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"snapshot v{version} was replaced; retry")
+        except SnapshotError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     def Status(self, request, context):  # noqa: N802
         return self.pub._status()

@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -54,11 +54,13 @@ class Update:
     ``TransferError`` if the transfer failed. It can be iterated once.
     """
 
-    def __init__(self, version: int, epoch: int, max_ahead: int, timeout_s: float):
+    def __init__(self, version: int, epoch: int, max_ahead: int, timeout_s: float,
+                 release: Callable[[torch.Tensor], None] | None = None):
         self.version = version
         self.epoch = epoch
         self._q: queue.Queue = queue.Queue(maxsize=max_ahead)
         self._timeout_s = timeout_s
+        self._release = release
         self._consumed = False
         self.error: str | None = None
 
@@ -77,6 +79,9 @@ class Update:
             if isinstance(item, Exception):
                 raise item
             yield item
+            if self._release is not None and item.buffer is not None:  # reuse_buffers: the consumer moved on
+                self._release(item.buffer)
+                item.buffer = None
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(name, tensor)`` of every bucket, in the publisher's order."""
@@ -137,6 +142,8 @@ class WeightReceiver:
         self.received_version = -1
         self.dropped_updates = 0
         self._threads: list[threading.Thread] = []
+        self._pool: list[torch.Tensor] = []  # reuse_buffers: free bucket memory
+        self._pool_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def connect(self, timeout: float | None = None) -> "WeightReceiver":
@@ -373,7 +380,8 @@ class WeightReceiver:
             self._ack(pb.ACK_STATUS_FAILED, msg.epoch, msg.policy_version, "version went backwards")
             raise VersionError(f"publisher announced v{msg.policy_version} after v{self.received_version}")
         self.latest_version = max(self.latest_version, msg.policy_version)
-        u = Update(msg.policy_version, msg.epoch, self.cfg.receive_ahead_buckets, self.cfg.transfer_timeout_s)
+        u = Update(msg.policy_version, msg.epoch, self.cfg.receive_ahead_buckets, self.cfg.transfer_timeout_s,
+                   self._give_back if self.cfg.reuse_buffers else None)
         self._next_bucket, self._totals = 0, [0, 0]
         if self._group is None:
             u._fail("not part of the data group")
@@ -393,7 +401,7 @@ class WeightReceiver:
         if msg.bucket.index != self._next_bucket:
             raise PlanError(f"v{u.version}: bucket {msg.bucket.index} arrived, expected {self._next_bucket}")
         bucket = bucket_from_pb(msg.bucket)
-        bucket.buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self._group.device)
+        bucket.buffer = self._take(bucket.nbytes, self._group.device)
         if bucket.nbytes:
             self._group.broadcast(bucket.buffer)  # TransferError -> _work_loop fails the update
         self._next_bucket += 1
@@ -404,6 +412,22 @@ class WeightReceiver:
         except queue.Full:
             raise TransferError(f"the consumer did not take bucket {bucket.index} within "
                                 f"{self.cfg.transfer_timeout_s:g}s") from None
+
+    def _take(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A buffer of exactly ``nbytes`` (from the pool when reuse_buffers is on)."""
+        if self.cfg.reuse_buffers:
+            with self._pool_lock:
+                fits = [b for b in self._pool if b.numel() >= nbytes and b.device == device]
+                if fits:
+                    best = min(fits, key=lambda b: b.numel())
+                    self._pool.remove(best)
+                    return best[:nbytes]
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def _give_back(self, buf: torch.Tensor) -> None:
+        base = buf._base if buf._base is not None else buf
+        with self._pool_lock:
+            self._pool.append(base)
 
     def _end(self, msg: pb.ControlMessage) -> None:
         u = self._current
