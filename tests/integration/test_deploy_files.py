@@ -1,0 +1,323 @@
+"""The deployment files, checked offline (no Docker engine, no cluster here):
+
+* docker-compose.yml against the compose-spec JSON schema (vendored by check-jsonschema);
+* deploy/k8s/*.yaml against the Kubernetes OpenAPI schemas (kubernetes-validate, strict);
+* deploy/prometheus with promtool (check config, check rules, test rules);
+* and that every command, flag, port, env var, image and file they name exists in the code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.config.job import parse_job
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+K8S = ROOT / "deploy" / "k8s"
+PROM = ROOT / "deploy" / "prometheus"
+GRAFANA = ROOT / "deploy" / "grafana"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+CODE_DIRS = ("services", "rollout_svc", "reward_svc", "trainer_svc")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def k8s_docs() -> list[dict]:
+    docs = []
+    for f in sorted(K8S.glob("*.yaml")):
+        if f.name != "kustomization.yaml":
+            docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return docs
+
+
+def k8s_containers() -> list[dict]:
+    out = []
+    for d in k8s_docs():
+        if d["kind"] in ("Deployment", "Job"):
+            out += d["spec"]["template"]["spec"]["containers"]
+    return out
+
+
+def compose_job():
+    return parse_job(yaml.safe_load((ROOT / "deploy" / "config" / "job.yaml").read_text()))
+
+
+def k8s_job():
+    cm = next(d for d in k8s_docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "meshrl-job")
+    return parse_job(yaml.safe_load(cm["data"]["job.yaml"]))
+
+
+@cache
+def code_text() -> str:
+    return "\n".join(p.read_text() for d in CODE_DIRS for p in (ROOT / d).rglob("*.py"))
+
+
+@cache
+def defined_metrics() -> set[str]:
+    """Every metric name the code registers, with the suffixes prometheus_client adds."""
+    names = set(re.findall(r'"(meshrl_[a-z0-9_]+)"', code_text()))
+    out = set()
+    for n in names:
+        out |= {n, f"{n}_total", f"{n}_sum", f"{n}_count", f"{n}_bucket"}
+    return out
+
+
+def promql_metrics(expr: str) -> set[str]:
+    return set(re.findall(r"\b(meshrl_[a-z0-9_]+)", expr))
+
+
+# ---------------------------------------------------------------------------------------------- schemas
+
+
+def test_compose_file_matches_the_compose_spec():
+    import jsonschema
+    from check_jsonschema.builtin_schemas import vendor
+
+    schema = json.loads((Path(vendor.__file__).parent / "compose-spec.json").read_text())
+    jsonschema.validate(compose(), schema)
+    services = compose()["services"]
+    assert {"redis", "gateway", "trainer", "rollout", "reward", "prometheus", "grafana"} <= set(services)
+    for name, svc in services.items():
+        if name != "prepare":
+            assert "healthcheck" in svc, f"{name} has no health check"
+    assert services["rollout"]["deploy"]["replicas"] >= 2
+    assert "/etc/meshrl/job.yaml" in " ".join(services["trainer"]["volumes"])
+
+
+def test_compose_schema_check_can_fail():
+    import jsonschema
+    from check_jsonschema.builtin_schemas import vendor
+
+    schema = json.loads((Path(vendor.__file__).parent / "compose-spec.json").read_text())
+    bad = compose()
+    bad["services"]["gateway"]["healthcheck"]["interval"] = ["not", "a", "duration"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def test_k8s_manifests_match_the_kubernetes_schemas():
+    import kubernetes_validate
+
+    docs = k8s_docs()
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+    kinds = {d["kind"] for d in docs}
+    assert {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"} <= kinds
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    assert sorted(listed) == sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    for d in docs:
+        if d["kind"] != "Deployment":
+            continue
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            assert "livenessProbe" in c and "readinessProbe" in c, c["name"]
+            assert c["resources"]["requests"] and c["resources"]["limits"], c["name"]
+    trainer = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "meshrl-trainer")
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in trainer["spec"]["template"]["spec"]["volumes"]
+              if "persistentVolumeClaim" in v]  # fmt: skip
+    assert "meshrl-checkpoints" in claims
+
+
+def test_k8s_schema_check_can_fail():
+    import kubernetes_validate
+
+    doc = next(d for d in k8s_docs() if d["kind"] == "Deployment")
+    doc["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+
+
+# ---------------------------------------------------------------------------------------------- promtool
+
+
+def _promtool(*args: str, cwd: Path = PROM) -> subprocess.CompletedProcess:
+    exe = shutil.which("promtool")
+    assert exe, "promtool missing: scripts/install.sh installs the Debian package `prometheus`"
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_prometheus_config_and_rules_pass_promtool(tmp_path):
+    r = _promtool("check", "config", "--syntax-only", "prometheus.yml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # The full check also opens the files the config names; the token file exists only in the
+    # container (a compose secret), so check a copy that points at a local stand-in.
+    (tmp_path / "token").write_text("x")
+    cfg = (PROM / "prometheus.yml").read_text().replace("/run/secrets/gateway_token", str(tmp_path / "token"))
+    (tmp_path / "prometheus.yml").write_text(cfg)
+    shutil.copy(PROM / "alerts.yml", tmp_path / "alerts.yml")
+    r = _promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _promtool("check", "rules", "alerts.yml")
+    assert r.returncode == 0 and "4 rules found" in r.stdout, r.stdout + r.stderr
+
+
+def test_alert_rules_fire_as_their_unit_tests_say(tmp_path):
+    r = _promtool("test", "rules", "alerts_test.yml")
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    names = {rule["alert"] for g in yaml.safe_load((PROM / "alerts.yml").read_text())["groups"] for rule in g["rules"]}
+    tested = set(re.findall(r"alertname: (\w+)", (PROM / "alerts_test.yml").read_text()))
+    assert names == tested == {"MeshrlTrainerDown", "MeshrlTrainerStalled", "MeshrlReplicaServingOldVersion",
+                               "MeshrlQueueGrowing"}  # fmt: skip
+    # ... and a broken rule makes the same tests fail (the check can fail).
+    broken = (PROM / "alerts.yml").read_text().replace("> 2", "> 100")
+    (tmp_path / "alerts.yml").write_text(broken)
+    shutil.copy(PROM / "alerts_test.yml", tmp_path / "alerts_test.yml")
+    assert _promtool("test", "rules", "alerts_test.yml", cwd=tmp_path).returncode != 0
+
+
+def test_every_metric_the_dashboards_and_alerts_use_exists_and_is_documented():
+    exprs = [r["expr"] for g in yaml.safe_load((PROM / "alerts.yml").read_text())["groups"] for r in g["rules"]]
+    dash = json.loads((GRAFANA / "dashboards" / "meshrl.json").read_text())
+    exprs += [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = set().union(*(promql_metrics(e) for e in exprs))
+    assert used, "no metrics found"
+    missing = used - defined_metrics()
+    assert not missing, f"metrics used but never defined in the code: {sorted(missing)}"
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    undocumented = {m for m in used if re.sub(r"_(total|sum|count|bucket)$", "", m) not in doc and m not in doc}
+    assert not undocumented, f"metrics missing from docs/metrics.md: {sorted(undocumented)}"
+    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())["datasources"][0]
+    assert all(p["datasource"]["uid"] == ds["uid"] for p in dash["panels"])
+
+
+# ---------------------------------------------------------------------------------------------- names exist
+
+
+def _commands() -> list[list[str]]:
+    cmds = []
+    for name, svc in compose()["services"].items():
+        cmd = svc.get("command")
+        if isinstance(cmd, list):
+            cmds.append(cmd)
+    for c in k8s_containers():
+        cmds.append([*c.get("command", []), *c.get("args", [])])
+    return cmds
+
+
+def _python_invocations() -> list[tuple[str, list[str]]]:
+    """(module or 'meshrl <sub>', its flags) for every command named anywhere (shell strings too)."""
+    found = []
+    texts = [" ".join(c) for c in _commands()]
+    texts.append("\n".join(ln for ln in DOCKERFILE.read_text().splitlines() if not ln.lstrip().startswith("#")))
+    for text in texts:
+        for m in re.finditer(r"python -m ([\w.]+)((?: (?:--?[\w-]+|[^\s;&|]+))*)", text):
+            found.append((m.group(1), re.findall(r"(--[\w-]+)", m.group(2))))
+        for m in re.finditer(r"\bmeshrl ([\w-]+)((?: (?:--?[\w-]+|[^\s;&|\"\]]+))*)", text):
+            found.append((f"meshrl {m.group(1)}", re.findall(r"(--[\w-]+)", m.group(2))))
+    return found
+
+
+def test_every_command_and_flag_exists():
+    inv = _python_invocations()
+    modules = {m for m, _ in inv if not m.startswith("meshrl ")}
+    assert {"trainer_svc", "rollout_svc", "reward_svc", "services.launch.feed"} <= modules
+    helps: dict[str, str] = {}
+    for target, flags in inv:
+        if target not in helps:
+            if target.startswith("meshrl "):
+                argv = [sys.executable, "-m", "services.cli", target.split()[1], "--help"]
+            else:
+                assert importlib.util.find_spec(target) is not None, f"no module {target}"
+                argv = [sys.executable, "-m", target, "--help"]
+            r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, f"{' '.join(argv)} failed: {r.stderr[-2000:]}"
+            helps[target] = r.stdout
+        for flag in flags:
+            assert flag in helps[target], f"{target} has no flag {flag}"
+
+
+def test_ports_match_the_job_config_and_the_code():
+    from services.cli import gateway as gateway_cli
+    from services.gateway import server
+
+    assert gateway_cli.DEFAULT_HTTP_PORT == server.DEFAULT_HTTP_PORT == 8600
+    assert gateway_cli.DEFAULT_GRPC_PORT == server.DEFAULT_GRPC_PORT == 8601
+    for job in (compose_job(), k8s_job()):
+        ports = {
+            "rollout": {job.rollout.metrics_port, job.rollout.grpc_port},
+            "reward": {job.reward.metrics_port, job.reward.grpc_port},
+            "trainer": {job.trainer.metrics_port, job.weights.control_port, job.weights.rendezvous_port},
+        }
+        assert all(p for s in ports.values() for p in s), "deployment job configs must fix every port"
+        for host in (job.rollout.host, job.reward.host, job.trainer.metrics_host):
+            assert host == "0.0.0.0", "services must bind every address inside a container"
+    job = compose_job()
+    services = compose()["services"]
+    for name, want in {"rollout": {job.rollout.metrics_port, job.rollout.grpc_port},
+                       "reward": {job.reward.metrics_port, job.reward.grpc_port},
+                       "trainer": {job.trainer.metrics_port, job.weights.control_port, job.weights.rendezvous_port},
+                       }.items():  # fmt: skip
+        assert {int(p) for p in services[name]["expose"]} == want, name
+    hc = {n: " ".join(s["healthcheck"]["test"]) for n, s in services.items() if "healthcheck" in s}
+    assert f":{job.rollout.metrics_port}/" in hc["rollout"] and f":{job.reward.metrics_port}/" in hc["reward"]
+    assert f":{job.trainer.metrics_port}/" in hc["trainer"] and ":8600/" in hc["gateway"]
+    assert services["gateway"]["ports"] == ["8600:8600", "8601:8601"]
+    # Prometheus scrapes the same ports.
+    prom = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    targets = {}
+    for sc in prom["scrape_configs"]:
+        for st in sc.get("static_configs", []):
+            targets[sc["job_name"]] = {int(t.rsplit(":", 1)[1]) for t in st["targets"]}
+        for dns in sc.get("dns_sd_configs", []):
+            targets[sc["job_name"]] = {dns["port"]}
+    assert targets == {"meshrl-gateway": {8600}, "meshrl-trainer": {job.trainer.metrics_port},
+                       "meshrl-rollout": {job.rollout.metrics_port}, "meshrl-reward": {job.reward.metrics_port},
+                       "meshrl-feeder": {9104}}  # fmt: skip
+    # The image exposes every one of them.
+    exposed = {int(p) for line in DOCKERFILE.read_text().splitlines() if line.startswith("EXPOSE") for p in line.split()[1:]}
+    assert set().union(*targets.values(), {8601, job.rollout.grpc_port, job.reward.grpc_port,
+                                           job.weights.control_port, job.weights.rendezvous_port}) <= exposed  # fmt: skip
+    # Kubernetes containerPorts equal the ConfigMap job's ports.
+    kjob = k8s_job()
+    by_name = {c["name"]: {p["containerPort"] for p in c.get("ports", [])} for c in k8s_containers()}
+    assert by_name["rollout"] == {kjob.rollout.metrics_port, kjob.rollout.grpc_port}
+    assert by_name["reward"] == {kjob.reward.metrics_port, kjob.reward.grpc_port}
+    assert by_name["trainer"] == {kjob.trainer.metrics_port, kjob.weights.control_port, kjob.weights.rendezvous_port}
+    assert by_name["gateway"] == {8600, 8601} and by_name["feeder"] == {9104}
+
+
+def test_env_vars_images_and_files_exist():
+    texts = [COMPOSE.read_text(), DOCKERFILE.read_text(), *(p.read_text() for p in K8S.glob("*.yaml"))]
+    env_vars = set().union(*(re.findall(r"\b(MESHRL_[A-Z_]+)\b", t) for t in texts))
+    assert env_vars
+    for var in env_vars:
+        assert f'"{var}"' in code_text(), f"{var} is set by a deployment file but read nowhere in the code"
+    # Our image: built from deploy/Dockerfile's `cpu` stage; every k8s container uses it; third-party images pinned.
+    stages = set(re.findall(r"^FROM \S+ AS (\w+)", DOCKERFILE.read_text(), flags=re.M))
+    assert {"cpu", "cuda"} <= stages
+    services = compose()["services"]
+    for name, svc in services.items():
+        image = svc["image"]
+        assert ":" in image and not image.endswith(":latest"), f"{name}: pin the image tag"
+        if image.startswith("meshrl:"):
+            assert svc["build"]["dockerfile"] == "deploy/Dockerfile" and svc["build"]["target"] in stages
+            assert image == f"meshrl:{svc['build']['target']}"
+    for c in k8s_containers():
+        assert c["image"] == "meshrl:cpu" or not c["image"].startswith("meshrl"), c["image"]
+        assert ":" in c["image"] and not c["image"].endswith(":latest")
+    # Files the compose file mounts, and files the Dockerfile copies, exist.
+    for svc in services.values():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("./"):
+                assert (ROOT / src).exists(), src
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            for src in line.split()[1:-1]:
+                assert (ROOT / src).exists(), src
+    # The gateway's token comes from the environment it says.
+    assert "MESHRL_GATEWAY_TOKEN" in services["gateway"]["environment"]
