@@ -32,6 +32,7 @@ last ``status.json``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -46,7 +47,6 @@ from services.launch.base import JobState, JobStatus, LaunchError, Launcher
 STATUS_FILE = "status.json"
 SPEC_FILE = "spec.yaml"
 LOG_FILE = "job.log"
-_PROGRESS_KEYS = ("step", "total_steps", "reward_mean", "staleness", "tokens_per_s", "queues")
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -66,6 +66,27 @@ def read_status_file(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def clean_progress(info: dict[str, Any]) -> dict[str, Any]:
+    """The progress fields of a status.json, with wrong types and non-finite numbers left out
+    (the driver may write NaN before the first step; JSON APIs cannot carry it)."""
+    out: dict[str, Any] = {}
+    for key in ("step", "total_steps"):
+        v = info.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62:
+            out[key] = v
+    for key in ("reward_mean", "staleness", "tokens_per_s"):
+        v = info.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[key] = float(v)
+    queues = info.get("queues")
+    if isinstance(queues, dict):
+        depths = {str(k): v for k, v in queues.items()
+                  if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62}  # fmt: skip
+        if depths:
+            out["queues"] = depths
+    return out
 
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -150,8 +171,8 @@ class LocalLauncher(Launcher):
     def status(self, handle: dict[str, Any]) -> JobStatus:
         run_dir = Path(handle["run_dir"])
         info = read_status_file(run_dir)
-        progress = {k: info[k] for k in _PROGRESS_KEYS if k in info}
-        detail = str(info.get("detail", ""))
+        progress = clean_progress(info)
+        detail = str(info.get("detail", ""))[:4000]
         metrics_url = info.get("metrics_url") if isinstance(info.get("metrics_url"), str) else None
         alive, letter = self._alive(handle)
         if alive:

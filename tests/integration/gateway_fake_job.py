@@ -11,6 +11,7 @@ tokens_per_s, queues, detail) and exits. Knobs (environment):
     FAKE_EXIT         exit code at the end (default 0); non-zero writes state "failed"
     FAKE_IGNORE_TERM  "1": ignore SIGTERM (so cancel must SIGKILL)
     FAKE_CHILD        "1": start a child process in the same group; its pid goes to DIR/child.pid
+    FAKE_GARBAGE      "1": write a status.json with NaN, wrong types and a huge detail each step
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def main() -> int:
     print(f"fake job: {len(spec_text)} bytes of spec, {steps} steps", flush=True)
     for step in range(1, steps + 1):
         time.sleep(interval)
+        if os.environ.get("FAKE_GARBAGE") == "1":
+            (run_dir / "status.json").write_text(
+                '{"state": "running", "step": "seven", "reward_mean": NaN, "staleness": Infinity, '
+                '"tokens_per_s": true, "queues": {"prompts": "many", "rollouts": -1}, "detail": "%s"}' % ("x" * 100_000)
+            )
+            continue
         write_status(
             run_dir, state="running", step=step, total_steps=steps, reward_mean=round(step / steps, 4),
             staleness=0.5, tokens_per_s=100.0 + step, queues={"prompts": step, "rollouts": 1, "experience": 0},

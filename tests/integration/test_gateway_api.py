@@ -150,3 +150,18 @@ def test_jobs_survive_a_gateway_restart(tmp_path):
     with running_gateway(tmp_path, launcher) as gw, httpx.Client(base_url=gw.http_url, timeout=10) as c:
         jobs = c.get("/v1/jobs", headers=auth()).json()["jobs"]
         assert [(j["id"], j["state"]) for j in jobs] == [(jid, "succeeded")]
+
+
+def test_garbage_in_status_json_never_breaks_the_api(tmp_path):
+    """A driver writing NaN, wrong types or a huge detail still gives 200s with clean fields."""
+    with running_gateway(tmp_path, fake_launcher(FAKE_STEPS=10_000, FAKE_INTERVAL=0.05, FAKE_GARBAGE=1)) as gw, \
+            httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
+        jid = c.post("/v1/jobs", json={"spec": VALID_SPEC}, headers=auth()).json()["id"]
+        wait_until(lambda: len(c.get(f"/v1/jobs/{jid}", headers=auth()).json()["detail"]) > 0, what="a detail")
+        for path in (f"/v1/jobs/{jid}", "/v1/jobs", f"/v1/jobs/{jid}/metrics"):
+            r = c.get(path, headers=auth())
+            assert r.status_code == 200, (path, r.text[:300])
+        job = c.get(f"/v1/jobs/{jid}", headers=auth()).json()
+        assert len(job["detail"]) <= 4000
+        assert all(v is None for v in job["progress"].values())
+        assert c.post(f"/v1/jobs/{jid}:cancel", headers=auth()).status_code == 200
