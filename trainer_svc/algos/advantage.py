@@ -134,11 +134,11 @@ def compute_grpo_outcome_advantage(
         out = scores.clone()
         for group in group_indices(index, scores.shape[0]):
             mean, std = _group_mean_std(scores, group)
-            for i in group:
-                if norm_adv_by_std_in_grpo:
-                    out[i] = (scores[i] - mean) / (std + epsilon)
-                else:
-                    out[i] = scores[i] - mean
+            idx = torch.tensor(group)
+            if norm_adv_by_std_in_grpo:
+                out[idx] = (scores[idx] - mean) / (std + epsilon)
+            else:
+                out[idx] = scores[idx] - mean
         advantages = out.unsqueeze(-1) * response_mask
     return advantages, advantages
 
@@ -247,8 +247,8 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
         centred = scores.clone()
         for group in group_indices(index, scores.shape[0]):
             mean, _ = _group_mean_std(scores, group)
-            for i in group:
-                centred[i] = scores[i] - mean
+            idx = torch.tensor(group)
+            centred[idx] = scores[idx] - mean
         tiled = centred.unsqueeze(-1).tile([1, length]) * response_mask
         advantages = masked_whiten(tiled, response_mask) * response_mask
     return advantages, advantages
@@ -277,8 +277,8 @@ def compute_rloo_outcome_advantage(
             if n == 1:
                 continue
             mean, _ = _group_mean_std(scores, group)
-            for i in group:
-                out[i] = scores[i] * n / (n - 1) - mean * n / (n - 1)
+            idx = torch.tensor(group)
+            out[idx] = scores[idx] * n / (n - 1) - mean * n / (n - 1)
         advantages = out.unsqueeze(-1) * response_mask
     return advantages, advantages
 
@@ -326,8 +326,7 @@ def compute_opo_outcome_advantage(
                 baseline = torch.tensor(0.0)
             else:
                 baseline = (lengths[idx] * scores[idx]).sum() / lengths[idx].sum()
-            for i in group:
-                out[i] = scores[i] - baseline
+            out[idx] = scores[idx] - baseline
         advantages = out.unsqueeze(-1) * response_mask
     return advantages, advantages
 
@@ -443,7 +442,7 @@ def compute_gpg_outcome_advantage(
         out = scores.clone()
         for group in group_indices(index, bsz):
             mean, _ = _group_mean_std(scores, group)
-            for i in group:
-                out[i] = alpha_t * (scores[i] - mean) / f_norm
+            idx = torch.tensor(group)
+            out[idx] = alpha_t * (scores[idx] - mean) / f_norm
         advantages = out.unsqueeze(-1) * response_mask
     return advantages, advantages
