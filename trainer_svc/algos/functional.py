@@ -162,17 +162,19 @@ def agg_loss(
     """
     if loss_mat.shape != loss_mask.shape:
         raise ValueError(f"agg_loss: loss_mat {tuple(loss_mat.shape)} and loss_mask {tuple(loss_mask.shape)} differ")
+    # counts come from the mask in its own dtype (exact for bool/int masks even when the
+    # loss is bf16); products use a mask in the loss dtype
     mask = loss_mask.to(loss_mat.dtype)
     if loss_agg_mode == "token-mean":
         if batch_num_tokens is None:
             if dp_size > 1:
                 raise ValueError("agg_loss: batch_num_tokens (global) is required when dp_size > 1")
-            batch_num_tokens = mask.sum()
+            batch_num_tokens = loss_mask.sum()
         return _safe_divide(masked_sum(loss_mat, mask), batch_num_tokens) * dp_size
     if loss_agg_mode == "token-sum":
         return masked_sum(loss_mat, mask) * dp_size
     if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
-        tokens_per_seq = mask.sum(dim=-1)
+        tokens_per_seq = loss_mask.sum(dim=-1)
         seq_losses = (torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat)) * mask).sum(dim=-1)
         if loss_agg_mode == "seq-mean-token-mean":
             seq_losses = seq_losses / (tokens_per_seq + 1e-8)
