@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 WORKER_EXTENSION = "rollout_svc.worker_ext.MeshWorkerExtension"
 
 
+class EngineDeadError(RuntimeError):
+    """vLLM's engine died; the replica must stop (its launcher restarts it)."""
+
+
 class RolloutEngine:
     """One vLLM ``AsyncLLM`` plus the bookkeeping a replica needs.
 
@@ -127,6 +131,11 @@ class RolloutEngine:
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_token_ids[0]
         self.manifest = WeightManifest.from_model(self.model, tied=bool(getattr(mc.hf_config, "tie_word_embeddings", False)))
 
+    @property
+    def healthy(self) -> bool:
+        """True while the engine is loaded and has not died."""
+        return self.llm is not None and not self.llm.errored
+
     def shutdown(self) -> None:
         if self.llm is not None:
             self.llm.shutdown()
@@ -193,6 +202,8 @@ class RolloutEngine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a request vLLM rejects must not take the replica down
+            if not self.healthy:
+                raise EngineDeadError(f"vLLM engine died: {exc}") from exc
             return Sample(prompt_ids=[], policy_version=version, finish_reason="error", error=f"vllm: {exc}")
         finally:
             self.in_flight -= 1

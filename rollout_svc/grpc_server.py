@@ -10,6 +10,7 @@ import logging
 
 import grpc
 
+from rollout_svc.engine import EngineDeadError
 from rollout_svc.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,10 @@ def make_servicer(replica: Replica):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad frame: {exc}")
             if len(data) == 0:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "frame holds no prompt rows")
-            outs = await replica.generate_item(data)
+            try:
+                outs = await replica.generate_item(data)
+            except EngineDeadError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
             return rollout_pb2.RolloutGenerateResponse(frame=bytes(wire.encode(DataProto.concat(outs))))
 
         async def Status(self, request, context):  # noqa: N802

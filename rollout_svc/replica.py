@@ -254,7 +254,7 @@ class Replica:
             "replica": self.name,
             "model": self.engine.model,
             "served_version": self.engine.version,
-            "ready": self.engine.llm is not None,
+            "ready": self.engine.healthy,
             "paused": self.paused,
             "requests_in_flight": self.engine.in_flight,
             "groups_in_flight": self.groups_in_flight,

