@@ -171,7 +171,7 @@ class Queue(ABC):
         self.stream = check_name("stream", stream)
         self.group = check_name("group", group)
         self.consumer = check_name("consumer", consumer)
-        self.producer_id = f"{consumer}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self.producer_id = f"{consumer[:96]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self._rec = StatsRecorder(stream, group, metrics)
         self._next_seq = 1
         self._put_lock = asyncio.Lock()
@@ -394,7 +394,7 @@ class Queue(ABC):
             col = d.non_tensor_batch.get("sample_id") if d.non_tensor_batch is not None else None
             if col is None:
                 raise ValueError(f"item {i} has no 'sample_id' non-tensor column")
-            raws.append(RawItem(wire.encode(d), check_sample_ids(col.tolist())))
+            raws.append(RawItem(wire.encode(d), check_sample_ids(list(col))))
         return await self.put_frames(raws, timeout=timeout, stage=stage)
 
     async def get(self, max_items: int, timeout: float) -> list[Leased]:
@@ -428,7 +428,7 @@ class Queue(ABC):
 
         data = wire.decode(r.payload, max_frame_bytes=self.cfg.max_frame_bytes)  # copies read-only bytes once
         col = data.non_tensor_batch.get("sample_id") if data.non_tensor_batch is not None else None
-        if col is None or list(col.tolist()) != list(r.sample_ids):
+        if col is None or list(col) != list(r.sample_ids):
             raise MalformedEntryError("the frame's sample_id column does not match the entry's sample ids")
         if all(r.fresh):
             return Leased(r.id, data, r.sample_ids, r.delivery_count, r)

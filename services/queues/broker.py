@@ -68,6 +68,7 @@ class StreamState:
     next_id: int = 1
     seqs: "OrderedDict[str, int]" = field(default_factory=OrderedDict)
     claims: dict[str, "OrderedDict[str, int]"] = field(default_factory=dict)
+    group: str = ""  # the one consumer group reading this stream (bound on first delivery)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
 
@@ -138,9 +139,17 @@ class BrokerState:
             s.seqs.popitem(last=False)
 
     # ------------------------------------------------------------------ get / reclaim
+    def check_group(self, name: str, group: str) -> None:
+        """Each stream has exactly one consumer group; raise ValueError for another."""
+        bound = self.stream(name).group
+        if bound and bound != group:
+            raise ValueError(f"stream {name!r} is already consumed by group {bound!r}; each stream has "
+                             f"exactly one consumer group (got {group!r})")
+
     async def get(self, name: str, group: str, consumer: str, max_items: int, wait_s: float,
                   window: int) -> list[Delivered]:
         """Lease up to ``max_items`` queued items (waiting up to ``wait_s`` for one)."""
+        self.check_group(name, group)
         s = self.stream(name)
         if not s.queued and wait_s > 0:
             async with s.changed:
@@ -159,6 +168,7 @@ class BrokerState:
         """Move leases idle for ``min_idle_s`` or more to ``consumer`` and deliver them again.
         ``own_only``: only ``consumer``'s own leases not in ``exclude`` (recovery of replies
         lost in a disconnect)."""
+        self.check_group(name, group)
         s = self.stream(name)
         cutoff = time.monotonic() - min_idle_s
         picked = [e for e in s.leased.values() if e.leased_at <= cutoff and e.id not in exclude
@@ -169,6 +179,7 @@ class BrokerState:
                  window: int) -> list[Delivered]:
         if not picked:
             return []
+        s.group = group
         self._log(["D", name, group, consumer, [[e.id, list(e.sample_ids)] for e in picked]])
         now = time.monotonic()
         out = []
@@ -257,6 +268,7 @@ class BrokerState:
             elif kind == "D":
                 _, name, group, consumer, items = rec
                 s = self.stream(name)
+                s.group = group
                 for eid, sids in items:
                     self._claim(s, group, eid, tuple(sids), 1 << 62)
                     if eid in s.entries:
@@ -269,6 +281,7 @@ class BrokerState:
                 s.seqs[producer] = max(last, s.seqs.get(producer, 0))
             elif kind == "C":
                 _, name, group, pairs = rec
+                self.stream(name).group = group
                 claims = self.stream(name).claims.setdefault(group, OrderedDict())
                 for sid, eid in pairs:
                     claims[sid] = eid

@@ -156,6 +156,7 @@ class QueueServicer(queue_pb2_grpc.QueueServiceServicer):
         _check(check_name, "stream", stream)
         _check(check_name, "group", group)
         _check(check_name, "consumer", consumer)
+        _check(self.state.check_group, stream, group)
         if max_items < 1:
             raise _Invalid("max_items must be >= 1")
 

@@ -31,7 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.config.queues import RedisQueueConfig
 from services.queues import redis_scripts
-from services.queues.base import PutOutcome, Queue, RawItem, RawLeased
+from services.queues.base import PutOutcome, Queue, QueueError, RawItem, RawLeased
 from services.queues.redis_blobs import BlobConnection
 from services.queues.stats import QueueMetrics
 
@@ -174,6 +174,11 @@ class RedisQueue(Queue):
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        others = [g["name"].decode() for g in await self._r.xinfo_groups(self.k_stream)
+                  if g["name"].decode() != self.group]
+        if others:  # acks delete entries: a second group would silently miss items
+            raise QueueError(f"stream {self.stream!r} is already consumed by group(s) {others}; "
+                             f"each stream has exactly one consumer group (got {self.group!r})")
         self._group_ready = True
 
     async def _xreadgroup(self, start: str, count: int, block_ms: int | None) -> list:

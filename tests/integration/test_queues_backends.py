@@ -252,3 +252,17 @@ async def test_redis_password_from_env_and_bounded_windows(tmp_path, monkeypatch
         with pytest.raises(Exception, match="(?i)auth|password|pass"):
             await bad.depth()
         await bad.close()
+
+
+async def test_a_second_consumer_group_is_refused(env):
+    p = env.queue(consumer="p")
+    first = env.queue(group="reward", consumer="r0")
+    other = env.queue(group="trainer", consumer="t0")
+    await p.put([group(["g1"])])
+    got = await first.get(1, 2.0)
+    assert len(got) == 1
+    with pytest.raises(Exception, match="exactly one consumer group"):
+        await other.get(1, 0.2)
+    await first.ack(got)
+    for q in (p, first, other):
+        await q.close()

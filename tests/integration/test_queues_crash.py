@@ -79,8 +79,8 @@ async def test_killed_consumer_leases_are_reclaimed_exactly_once(env):
 
 async def test_server_killed_and_restarted_mid_stream(durable_env):
     server = durable_env.server
-    p = durable_env.queue(consumer="p")
-    c = durable_env.queue(consumer="c")
+    p = durable_env.queue(consumer="p", op_timeout_s=30)  # calls ride out a slow restart on a busy machine
+    c = durable_env.queue(consumer="c", op_timeout_s=30)
     n = 150
     sink: list[str] = []
     restarted = asyncio.Event()
