@@ -38,7 +38,9 @@ DEFAULT_MAX_FRAME_BYTES = 4 << 30  # 4 GiB
 MAX_HEADER_BYTES = 16 << 20
 MAX_ENTRIES = 1 << 16  # most tensors / columns one frame may describe
 MAX_DIM = 1 << 48  # largest single dimension accepted (a zero-size tensor may be wide)
-_ENC = frame_pb2.ColumnEncoding
+_MSGPACK = int(frame_pb2.COLUMN_ENCODING_MSGPACK)
+_RAW = int(frame_pb2.COLUMN_ENCODING_RAW)
+_UNINIT_MIN = 1 << 20  # frames this large skip the zero-fill (smaller: plain bytearray(n))
 _ZEROS = memoryview(bytes(ALIGN))
 _PIECE = 2 << 20  # large copies are cut into pieces of this size ...
 _PARALLEL_MIN = 16 << 20  # ... and shared with helper threads when the frame holds this much
@@ -70,7 +72,10 @@ def _align(n: int) -> int:
 def _alloc_uninitialized(n: int) -> bytearray:
     """A bytearray of ``n`` bytes whose contents are NOT zeroed (CPython's documented
     ``PyByteArray_FromStringAndSize(NULL, n)``), sparing a memset pass over a large frame.
-    The caller must write every byte. Falls back to ``bytearray(n)`` off CPython."""
+    The caller must write every byte. Falls back to ``bytearray(n)`` off CPython and for
+    small frames, where the zero-fill costs less than the foreign call."""
+    if n < _UNINIT_MIN:
+        return bytearray(n)
     try:
         proto = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)
         fn = proto(("PyByteArray_FromStringAndSize", ctypes.pythonapi))
@@ -144,11 +149,11 @@ class _Plan:
                 raise ValueError(f"{where}: shape {col.shape} does not match batch size {bs[0]}")
             if col.dtype == object:
                 src = memoryview(plain.pack(col.reshape(-1).tolist(), where))
-                enc, ds = _ENC.COLUMN_ENCODING_MSGPACK, ""
+                enc, ds = _MSGPACK, ""
             else:
                 ds = dtypes.numpy_dtype_str(col.dtype, where)
                 src = memoryview(np.ascontiguousarray(col).reshape(-1).view(np.uint8))
-                enc = _ENC.COLUMN_ENCODING_RAW
+                enc = _RAW
             off = _align(end)
             hdr.columns.add(name=name, encoding=enc, shape=list(col.shape), numpy_dtype=ds, offset=off, nbytes=src.nbytes)
             self.blobs.append((off, src))
@@ -332,18 +337,28 @@ def _decode(buf: Any, max_frame_bytes: int, zero_copy_readonly: bool) -> FramePa
 
 def _check_regions(hdr: frame_pb2.FrameHeader) -> None:
     """Every blob lies inside the data section, 64-aligned, and no two overlap."""
-    regions = [(e.offset, e.nbytes, f"tensor {_key_name(tuple(e.key))!r}") for e in hdr.tensors]
-    regions += [(e.offset, e.nbytes, f"column {e.name!r}") for e in hdr.columns]
-    regions.append((hdr.meta_info.offset, hdr.meta_info.nbytes, "meta_info"))
-    for off, nbytes, what in regions:
+    regions: list[tuple[int, int, Any]] = [(e.offset, e.nbytes, e) for e in hdr.tensors]
+    regions += [(e.offset, e.nbytes, e) for e in hdr.columns]
+    regions.append((hdr.meta_info.offset, hdr.meta_info.nbytes, None))
+    limit = hdr.data_bytes
+    for off, nbytes, entry in regions:
         if off % ALIGN:
-            raise WireError(f"{what}: offset {off} is not {ALIGN}-byte aligned")
-        if off + nbytes > hdr.data_bytes:
-            raise WireError(f"{what}: bytes [{off}, {off + nbytes}) run past the {hdr.data_bytes}-byte data section")
-    spans = sorted((off, off + nb, what) for off, nb, what in regions if nb)
+            raise WireError(f"{_what(entry)}: offset {off} is not {ALIGN}-byte aligned")
+        if off + nbytes > limit:
+            raise WireError(f"{_what(entry)}: bytes [{off}, {off + nbytes}) run past the {limit}-byte data section")
+    spans = sorted((off, off + nb, i) for i, (off, nb, _) in enumerate(regions) if nb)
     for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
         if start < end:
-            raise WireError(f"{b}: bytes overlap those of {a}")
+            raise WireError(f"{_what(regions[b][2])}: bytes overlap those of {_what(regions[a][2])}")
+
+
+def _what(entry: Any) -> str:
+    """Name a header entry in an error message."""
+    if entry is None:
+        return "meta_info"
+    if isinstance(entry, frame_pb2.TensorEntry):
+        return f"tensor {_key_name(tuple(entry.key))!r}"
+    return f"column {entry.name!r}"
 
 
 def _shape(dims: Any, where: str) -> tuple[int, ...]:
@@ -394,14 +409,14 @@ def _column(mv: memoryview, base: int, e: frame_pb2.ColumnEntry, bs: tuple[int, 
         raise WireError(f"{where}: shape {shape} does not match batch size {bs[0]}")
     count = math.prod(shape)
     start, stop = base + e.offset, base + e.offset + e.nbytes
-    if e.encoding == _ENC.COLUMN_ENCODING_RAW:
+    if e.encoding == _RAW:
         dt = dtypes.numpy_dtype(e.numpy_dtype, where)
         if count * dt.itemsize != e.nbytes:
             raise WireError(f"{where}: shape {shape} of {dt.str} needs {count * dt.itemsize} bytes, header says {e.nbytes}")
         if count == 0:
             return np.empty(shape, dtype=dt)
         return np.frombuffer(mv, dtype=dt, count=count, offset=start).reshape(shape)
-    if e.encoding == _ENC.COLUMN_ENCODING_MSGPACK:
+    if e.encoding == _MSGPACK:
         if e.numpy_dtype:
             raise WireError(f"{where}: msgpack column must not name a numpy dtype")
         items = plain.unpack(mv[start:stop], where)
