@@ -115,10 +115,17 @@ async def test_many_producers_and_consumers(env):
         for i in range(0, n_per, 8):
             await q.put([group([f"p{k}-{j}"]) for j in range(i, i + 8)])
 
-    async def consume(q, sink):
-        sink += await drain(q, 10_000, rounds=15)
-
     sinks: list[list[str]] = [[] for _ in consumers]
+    total = 4 * n_per
+
+    async def consume(q, sink):
+        empty = 0
+        while sum(map(len, sinks)) < total and empty < 50:
+            got = await q.get(4, 0.2)
+            empty = 0 if got else empty + 1
+            sink.extend(s for g in got for s in g.sample_ids)
+            await q.ack(got)
+
     await asyncio.gather(*[produce(k, q) for k, q in enumerate(producers)],
                          *[consume(q, s) for q, s in zip(consumers, sinks)])
     allseen = [s for sink in sinks for s in sink]

@@ -18,10 +18,11 @@ from tests.integration.test_queues_backends import drain, durable_env, env, grou
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 
 # A worker that leases six items, writes all six downstream, acks only three, then hangs.
+# It moves frames without decoding them (the frames layer), so it starts without torch.
 DOOMED_WORKER = r"""
 import asyncio, json, sys
 from services.config.queues import parse_queue_config
-from services.queues import make_queue
+from services.queues import RawItem, make_queue
 
 async def main():
     cfg = parse_queue_config(json.loads(sys.argv[1]))
@@ -29,10 +30,10 @@ async def main():
     dst = make_queue(cfg, stream="out", group="sink", consumer="doomed")
     got = []
     while len(got) < 6:
-        got += await src.get(6 - len(got), 2.0)
-    await dst.put([g.data for g in got])
+        got += await src.get_frames(6 - len(got), 2.0)
+    await dst.put_frames([RawItem(g.payload, g.sample_ids) for g in got])
     await src.ack(got[:3])
-    print("HOLDING", flush=True)
+    print("HOLDING", "torch" in sys.modules, flush=True)
     await asyncio.sleep(600)
 
 asyncio.run(main())
@@ -49,7 +50,7 @@ async def test_killed_consumer_leases_are_reclaimed_exactly_once(env):
     )
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert line.strip() == b"HOLDING", line
+        assert line.strip() == b"HOLDING False", line  # and it never imported torch
         assert await producer.depth() == 7  # 4 never delivered + 3 leased by the doomed worker
     finally:
         proc.send_signal(signal.SIGKILL)
