@@ -273,3 +273,19 @@ async def test_a_second_consumer_group_is_refused(env):
     await first.ack(got)
     for q in (p, first, other):
         await q.close()
+
+
+async def test_calls_to_a_dead_server_fail_at_their_deadline(env):
+    from services.queues import QueueUnavailableError
+
+    q = env.queue(consumer="c", op_timeout_s=0.5, reconnect_backoff_max_s=0.1)
+    await q.put([group(["d0"])])
+    env.server.kill()
+    with pytest.raises(QueueUnavailableError, match="unreachable"):
+        await q.put([group(["d1"])], timeout=0.5)
+    with pytest.raises(QueueUnavailableError):
+        await q.get(1, 0.2)
+    with pytest.raises(QueueUnavailableError):
+        await q.depth()
+    assert q.stats()["reconnects"] > 0
+    await q.close()
