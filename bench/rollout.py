@@ -12,7 +12,7 @@ number of tokens):
     wire encode/decode, packing included).
 
 Both run side by side (the service idles while the baseline runs and vice versa): each
-is warmed up, then the timed set runs ``--repeats`` times alternating baseline/service, so
+is warmed up, then the timed set runs ``--repeats`` times alternating which side goes first, so
 both see the same background load; the medians are compared. Then a weight update is published over the weight channel (gloo) to the
 running service, and its load time (stage + pause + in-place load + resume) is read back.
 
@@ -187,15 +187,22 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
         b_runs, s_runs = [], []
         try:
             await base.run(warm, "warm")
-            for r in range(args.repeats):
+            async def baseline_run(r):
                 tok, secs = await base.run(timed, f"t{r}")
                 print(f"baseline run {r}: {tok} tokens in {secs:.2f}s = {tok / secs:.0f} tokens/s", flush=True)
                 b_runs.append((tok, secs))
+
+            async def service_run(r):
                 tok, secs, errs = await _through_queue(feeder, sink, timed, args.n, f"t{r}")
                 if errs:
                     raise RuntimeError(f"{errs} samples came back with errors")
                 print(f"service run {r}: {tok} tokens in {secs:.2f}s = {tok / secs:.0f} tokens/s", flush=True)
                 s_runs.append((tok, secs))
+
+            for r in range(args.repeats):  # ABBA order: neither side always goes first
+                first, second = (baseline_run, service_run) if r % 2 == 0 else (service_run, baseline_run)
+                await first(r)
+                await second(r)
         finally:
             base.close()
         # a weight update through the channel to the running service

@@ -250,7 +250,8 @@ class RolloutEngine:
                 mode = "keep" if self.cfg.on_weight_update == "finish" else "abort"
                 if mode == "abort":
                     self._abort_epoch += 1
-                await self.llm.pause_generation(mode=mode, clear_cache=(mode == "abort"))
+                deadline = self.cfg.weight_update_timeout_s
+                await asyncio.wait_for(self.llm.pause_generation(mode=mode, clear_cache=(mode == "abort")), deadline)
                 try:
                     await self.llm.collective_rpc(
                         "meshrl_load_safetensors", timeout=self.cfg.weight_update_timeout_s, args=(path,)
@@ -258,8 +259,8 @@ class RolloutEngine:
                     self.version = version
                 finally:
                     if mode == "keep":
-                        await self.llm.reset_prefix_cache()
-                    await self.llm.resume_generation()
+                        await asyncio.wait_for(self.llm.reset_prefix_cache(), deadline)
+                    await asyncio.wait_for(self.llm.resume_generation(), deadline)
         finally:
             Path(path).unlink(missing_ok=True)
         self.last_weight_load_s = time.perf_counter() - t0

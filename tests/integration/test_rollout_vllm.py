@@ -491,3 +491,39 @@ def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: s
             sub_future.result(timeout=60)
         finally:
             pub.close()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def test_replica_exits_when_its_engine_dies(tiny_model: str, tmp_path) -> None:
+    """The engine process dying makes the replica exit 1 (so a launcher restarts it)
+    instead of answering every request with an error."""
+    import signal
+
+    import yaml
+
+    cfg_path = tmp_path / "replica.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "model": {"path": tiny_model},
+        "rollout": {"prompt_length": PROMPT_LEN, "response_length": RESPONSE_LEN, "max_num_seqs": 8},
+    }))
+    proc = ReplicaProcess(cfg_path, "doomed")
+    try:
+        assert proc.status().ready
+        engine_core = [c for c in _children(proc.proc.pid)
+                       if "EngineCore" in open(f"/proc/{c}/cmdline", "rb").read().decode(errors="replace")
+                       or "EngineCore" in open(f"/proc/{c}/comm").read()]
+        assert engine_core, "could not find the EngineCore child process"
+        os.kill(engine_core[0], signal.SIGKILL)
+        assert proc.proc.wait(timeout=DEADLINE_S) == 1
+    finally:
+        proc.kill()
