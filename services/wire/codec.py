@@ -37,6 +37,7 @@ PREFIX = struct.Struct("<4sHHIQ")
 DEFAULT_MAX_FRAME_BYTES = 4 << 30  # 4 GiB
 MAX_HEADER_BYTES = 16 << 20
 MAX_ENTRIES = 1 << 16  # most tensors / columns one frame may describe
+MAX_KEY_DEPTH = 32  # most parts in one tensor key path (nested TensorDict depth)
 MAX_DIM = 1 << 48  # largest single dimension accepted (a zero-size tensor may be wide)
 _MSGPACK = int(frame_pb2.COLUMN_ENCODING_MSGPACK)
 _RAW = int(frame_pb2.COLUMN_ENCODING_RAW)
@@ -133,6 +134,8 @@ class _Plan:
         self.blobs: list[tuple[int, memoryview]] = []
         end = 0
         for key, value in parts.tensors.items():
+            if not 0 < len(key) <= MAX_KEY_DEPTH or not all(isinstance(k, str) and k for k in key):
+                raise TypeError(f"tensor key path {key!r}: 1 to {MAX_KEY_DEPTH} non-empty str parts required")
             t = _prepare_tensor(key, value, bs)
             n = t.numel() * t.element_size()
             off = _align(end)
@@ -372,8 +375,10 @@ def _shape(dims: Any, where: str) -> tuple[int, ...]:
 
 def _tensor_key(key: Key, i: int, seen: dict[Key, torch.Tensor], inner: set[Key]) -> Key:
     """Validate a key path: non-empty parts, not equal to, inside, or above another key."""
-    if not key or not all(key):
-        raise WireError(f"tensor #{i}: key path {key!r} is empty or has an empty part")
+    if not 0 < len(key) <= MAX_KEY_DEPTH:
+        raise WireError(f"tensor #{i}: key path has {len(key)} parts (1 to {MAX_KEY_DEPTH} allowed)")
+    if not all(key):
+        raise WireError(f"tensor #{i}: key path {key!r} has an empty part")
     prefixes = [key[:j] for j in range(1, len(key))]
     if key in seen or key in inner or any(p in seen for p in prefixes):
         raise WireError(f"tensor {_key_name(key)!r}: key collides with another tensor's key path")

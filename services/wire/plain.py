@@ -2,7 +2,8 @@
 
 Accepted values (recursively): ``None``, ``bool``, ``int`` (64-bit range), ``float``,
 ``str``, ``bytes``/``bytearray`` (decoded as ``bytes``), ``list``, ``tuple`` (kept a tuple),
-``dict`` (keys of the same plain types; dict subclasses are sent as ``dict``), numpy arrays
+``dict`` (keys: str, bytes, bool, None or int within +-(2**61 - 2) — hash-safe types; dict
+subclasses are sent as ``dict``), numpy arrays
 and scalars of plain fixed-size dtypes, numpy object arrays of plain data, and CPU-copyable
 torch tensors of a wire dtype. Anything else raises :class:`TypeError` naming where it was
 found. Decoding never runs code: the ext types below are the only ones recognised and each
@@ -159,7 +160,9 @@ class _Unpacker:
 
     def unpack(self, buf: Any, where: str) -> Any:
         try:
-            return msgpack.unpackb(buf, ext_hook=self.ext_hook, strict_map_key=False, raw=False, use_list=True)
+            return msgpack.unpackb(
+                buf, ext_hook=self.ext_hook, object_pairs_hook=_make_dict, strict_map_key=False, raw=False, use_list=True
+            )
         except WireError as e:
             raise WireError(f"{where}: {e}") from None
         except Exception as e:  # noqa: BLE001 - any malformed input becomes the documented error
@@ -216,6 +219,24 @@ class _Unpacker:
                 return torch.empty(shape, dtype=dt)
             return torch.frombuffer(bytearray(raw), dtype=dt, count=count).reshape(shape)
         raise WireError(f"unknown msgpack ext type {code}")
+
+
+MAX_INT_KEY = (1 << 61) - 2  # larger ints share hashes (mod 2**61 - 1): a dict-collision attack
+
+
+def _make_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """Build a decoded map, allowing only keys whose hashes cannot be made to collide
+    (str/bytes hashes are randomized; small ints hash to themselves): str, bytes, bool,
+    None and ints within +-MAX_INT_KEY. Other keys (floats, tuples, huge ints) would let a
+    crafted frame force quadratic dict insertion."""
+    for k, _ in pairs:
+        t = type(k)
+        if t is str or t is bytes or t is bool or k is None:
+            continue
+        if t is int and -MAX_INT_KEY <= k <= MAX_INT_KEY:
+            continue
+        raise WireError(f"map key {k!r} of type {t.__name__} not allowed (str, bytes, int, bool or None)")
+    return dict(pairs)
 
 
 def _shape(value: Any, what: str) -> tuple[int, ...]:

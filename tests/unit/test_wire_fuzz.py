@@ -145,6 +145,8 @@ CASES = [
     ("shape overflow", lambda h: (h.tensors[0].ClearField("shape"), h.tensors[0].shape.extend([3, 1 << 62, 1 << 62])), "dimension over"),
     ("too many dims", lambda h: (h.tensors[0].ClearField("shape"), h.tensors[0].shape.extend([3] + [1] * 80)), "dimensions"),
     ("empty key", lambda h: h.tensors[0].ClearField("key"), "key path"),
+    ("empty key part", lambda h: h.tensors[0].key.append(""), "empty part"),
+    ("key too deep", lambda h: h.tensors[0].key.extend(["a"] * 200_000), "parts"),
     ("duplicate key", lambda h: (h.tensors[1].ClearField("key"), h.tensors[1].key.extend(["ids"])), "collides"),
     ("prefix key", lambda h: (h.tensors[1].ClearField("key"), h.tensors[1].key.extend(["ids", "x"])), "collides"),
     ("no batch but tensors", lambda h: setattr(h, "has_batch", False), "has_batch"),
@@ -235,7 +237,10 @@ MSGPACK_ATTACKS = [
     ("bad utf8", msgpack.packb(["a", "b"])[:-1] + b"\xa1\xff", "malformed msgpack"),
     ("not a list", msgpack.packb({"a": 1}), "expected 3 elements"),
     ("wrong count", msgpack.packb([1, 2]), "expected 3 elements"),
-    ("unhashable key", b"\x93\x81\x91\x01\x01\x01\x01", "malformed msgpack"),
+    ("unhashable key", b"\x93\x81\x91\x01\x01\x01\x01", "not allowed"),
+    ("float key", msgpack.packb([{1.5: 1}, 1, 2]), "not allowed"),
+    ("huge int key", msgpack.packb([{3 * ((1 << 61) - 1): 0}, 1, 2]), "not allowed"),
+    ("tuple key", msgpack.packb([{msgpack.ExtType(4, msgpack.packb([1])): 0}, 1, 2]), "not allowed"),
     ("trailing data", msgpack.packb([1, 2, 3]) + b"\x01", "malformed msgpack"),
 ]
 
