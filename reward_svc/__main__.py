@@ -95,12 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from reward_svc.sandbox.pool import SandboxStartError
     from services.config.job import JobSpecError
 
     try:
         return asyncio.run(_serve(args))
-    except JobSpecError as exc:
-        print(f"reward: {exc}", file=sys.stderr)
+    except (JobSpecError, SandboxStartError, FileNotFoundError) as exc:
+        print(f"reward: cannot start: {exc}", file=sys.stderr)
         return 2
 
 

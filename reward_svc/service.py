@@ -70,9 +70,9 @@ class RewardServer:
 
     async def start(self) -> "RewardServer":
         """Start the pool, the probes, gRPC and the queues; raise if any cannot start."""
-        await asyncio.to_thread(self._warm_up)
-        if self.pool is not None:
+        if self.pool is not None:  # first: a broken user function fails the start at once
             await asyncio.to_thread(self.pool.start)
+        await asyncio.to_thread(self._warm_up)
         self.http = MetricsServer(
             self.metrics.registry, host=self.cfg.host, port=self.cfg.metrics_port, ready=lambda: self._ready, status=self.status
         ).start()

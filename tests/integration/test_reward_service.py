@@ -209,3 +209,13 @@ async def test_cli_service_process(redis_server, tok_dir, tmp_path):
         for q in (producer, trainer):
             await q.close()
     assert code == 0
+
+
+def test_bad_reward_function_fails_at_start_with_a_clear_message(tok_dir, tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"reward": {"tokenizer_path": tok_dir, "custom_reward_function": {"path": str(tmp_path / "nope.py")},
+                                               "num_workers": 1, "grpc_port": None}}))
+    out = subprocess.run([sys.executable, "-m", "reward_svc", "--config", str(path), "--no-queue"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "cannot start" in out.stderr and "nope.py" in out.stderr and "does not exist" in out.stderr

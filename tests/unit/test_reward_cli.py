@@ -58,3 +58,4 @@ def test_help_is_instant_and_imports_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--config" in out.stdout
+
