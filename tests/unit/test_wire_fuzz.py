@@ -12,6 +12,8 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from services import wire
 from services.pb import frame_pb2
@@ -274,3 +276,52 @@ def test_deeply_nested_ext_payloads_are_refused_not_crashing(depth):
     col = msgpack.packb([msgpack.ExtType(4, _nested_tuple_payload(depth)), 1, 2])
     with pytest.raises(wire.WireError, match="nested more than"):
         wire.decode(_with_column_payload(col))
+
+
+# ---------------------------------------------------------------- structured random headers
+
+_dims = st.sampled_from([0, 1, 2, 3, 4, 7, 64, 1 << 20, 1 << 47, 1 << 62, (1 << 64) - 1])
+_offsets = st.sampled_from([0, 64, 128, 192, 8, 1 << 40, (1 << 64) - 64])
+_nbytes = st.sampled_from([0, 1, 2, 8, 16, 24, 48, 64, 96, 1 << 33, (1 << 64) - 1])
+_np_dtypes = st.sampled_from(["<i8", "<f4", "|b1", "<U2", "|S3", "|O", "O", "<U0", "|S0", "<f3", "|V8", "<M8[D]", "", "<c8", ">i2", "<U99999999"])
+_keys = st.lists(st.sampled_from(["a", "b", "", "ids", "a.b"]), min_size=0, max_size=3)
+
+
+@st.composite
+def random_frames(draw) -> bytearray:
+    hdr = frame_pb2.FrameHeader(has_batch=draw(st.booleans()))
+    hdr.batch_size.extend(draw(st.lists(_dims, max_size=2)))
+    for _ in range(draw(st.integers(0, 3))):
+        hdr.tensors.add(key=draw(_keys), dtype=draw(st.integers(0, 25)), shape=draw(st.lists(_dims, max_size=3)),
+                        offset=draw(_offsets), nbytes=draw(_nbytes))
+    for _ in range(draw(st.integers(0, 3))):
+        hdr.columns.add(name=draw(st.sampled_from(["u", "v", ""])), encoding=draw(st.integers(0, 3)),
+                        shape=draw(st.lists(_dims, max_size=2)), numpy_dtype=draw(_np_dtypes),
+                        offset=draw(_offsets), nbytes=draw(_nbytes))
+    hdr.meta_info.offset, hdr.meta_info.nbytes = draw(_offsets), draw(_nbytes)
+    data = draw(st.binary(max_size=320))
+    if draw(st.booleans()):  # plausible msgpack where the blobs usually sit
+        data = (msgpack.packb(draw(st.sampled_from([{}, [1, 2], ["a", None], {"k": [1]}, [msgpack.ExtType(1, b"\x93")]])))
+                + bytes(64))[:64] * 5
+    return _build(hdr, data, data_bytes=len(data) if draw(st.booleans()) else draw(_nbytes))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_frames())
+def test_random_headers_only_raise_wire_error(frame):
+    decode_only_wire_error(frame)
+
+
+_ext_payloads = st.recursive(
+    st.none() | st.integers(-5, 1 << 40) | st.binary(max_size=24) | st.text(max_size=5)
+    | st.sampled_from(["<i8", "|O", "qint8", "bfloat16", "<U3"]),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.builds(lambda code, v: msgpack.ExtType(code, msgpack.packb(v, use_bin_type=True)), st.integers(0, 7), inner),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_ext_payloads, min_size=3, max_size=3))
+def test_random_ext_payloads_only_raise_wire_error(cells):
+    decode_only_wire_error(_with_column_payload(msgpack.packb(cells, use_bin_type=True)))
