@@ -3,7 +3,9 @@
 Both are measured in this run, against the same two receiver processes, on the same
 tensors (``--gb`` GiB as ``--tensor-mb`` MiB float32 tensors):
 
-* weights: ``WeightPublisher.publish(v, tensors)`` -- bucket packing, the gRPC plan
+* weights: ``WeightPublisher.publish(v, tensors, borrow=True)`` (how the FSDP2 trainer
+  publishes its fresh ``full_tensor()`` results; ``--copy`` for ``borrow=False``) -- bucket
+  packing (zero-copy for tensors of at least ``zero_copy_min_mb``), the gRPC plan
   messages and the gloo broadcast over a TCPStore-rendezvoused group -- until both
   receivers iterated every bucket and reported the version loaded;
 * tcp: the same bytes written with ``socket.sendall`` straight from the tensors to each
@@ -41,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--receivers", type=int, default=2, help="receiver processes (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="rounds; the best of each method counts (default 3)")
     p.add_argument("--timeout", type=float, default=120.0, help="transfer deadline in seconds")
+    p.add_argument("--copy", action="store_true",
+                   help="publish with borrow=False (every byte packed into the publisher's buffers)")
     p.add_argument("--role", choices=["main", "receiver"], default="main", help=argparse.SUPPRESS)
     p.add_argument("--tcp-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--address", default="", help=argparse.SUPPRESS)
@@ -161,7 +165,8 @@ def main() -> int:
 
             version = rnd + 1
             t0 = time.perf_counter()
-            report = pub.publish(version, iter(tensors))
+            # borrow=True: the trainer's FSDP2 path (full_tensor() results are fresh tensors).
+            report = pub.publish(version, iter(tensors), borrow=not args.copy)
             if not pub.wait_for_replicas(args.receivers, timeout=args.timeout, served_version=version):
                 raise RuntimeError(f"receivers did not load v{version}")
             w_s.append(time.perf_counter() - t0)

@@ -33,6 +33,14 @@ class WeightChannelConfig(StrictModel):
         "buffers of about this size, one broadcast per bucket. A tensor larger than a bucket "
         "travels alone in a bucket of its own size.",
     )
+    zero_copy_min_mb: float = Field(
+        4.0,
+        gt=0,
+        le=16384,
+        description="With publish(..., borrow=True) (or snapshot off), a contiguous tensor of at "
+        "least this many MiB on the channel's device is broadcast straight from its own memory as "
+        "a bucket of its own instead of being copied into a packed bucket.",
+    )
     transfer_timeout_s: float = Field(
         60.0,
         gt=0,

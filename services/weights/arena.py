@@ -11,6 +11,9 @@ each version into buffers it keeps:
 * ``RotatingBuffers`` -- two device buffers used alternately (bucket k packs while bucket
   k-1's broadcast is done and bucket k-1's slot is free again), for the data plane when
   the arena cannot be the broadcast source (NCCL on GPU, or snapshots turned off).
+
+A bucket may also be *borrowed* (``publish(..., borrow=True)``): its buffer is the
+caller's own tensor, kept by reference as part of the snapshot.
 """
 
 from __future__ import annotations
@@ -51,9 +54,11 @@ class SnapshotArena:
         self._buckets: list[Bucket] | None = None
         self._version = -1
         self._generation = 0
+        self._used: set[int] = set()
 
     def buffer(self, index: int, nbytes: int) -> torch.Tensor:
         """CPU buffer of at least ``nbytes`` for bucket ``index`` (only between begin_write/commit)."""
+        self._used.add(index)
         b = self._buffers.get(index)
         if b is None or b.numel() < nbytes:
             b = self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8)
@@ -64,13 +69,14 @@ class SnapshotArena:
         with self._cond:
             self._generation += 1
             self._buckets, self._version = None, -1
+            self._used = set()
 
     def commit(self, version: int, buckets: list[Bucket]) -> None:
         """``buckets`` (whose buffers are this arena's) are now the served snapshot."""
         with self._cond:
             self._buckets, self._version = buckets, version
-            for i in [i for i in self._buffers if i >= len(buckets)]:
-                del self._buffers[i]  # a smaller plan than before: free the rest
+            for i in [i for i in self._buffers if i not in self._used]:
+                del self._buffers[i]  # not used by this version's plan: free it
             self._cond.notify_all()
 
     @property

@@ -95,6 +95,8 @@ class Bucket:
     nbytes: int
     specs: list[TensorSpec] = field(default_factory=list)
     buffer: torch.Tensor | None = None
+    borrowed: bool = False
+    """True when ``buffer`` is the caller's own tensor memory (zero-copy), not a packed copy."""
 
     def validate(self) -> None:
         """Raise ``PlanError`` unless specs are ordered, non-overlapping and inside the bucket."""
@@ -140,6 +142,7 @@ def iter_buckets(
     bucket_bytes: int,
     device: torch.device,
     alloc: Callable[[int, int], torch.Tensor] | None = None,
+    zero_copy_min_bytes: int | None = None,
 ) -> Iterator[Bucket]:
     """Pack ``named_tensors`` lazily into buckets of about ``bucket_bytes`` on ``device``.
 
@@ -147,7 +150,12 @@ def iter_buckets(
     may produce tensors on demand, e.g. FSDP2 ``full_tensor()`` layer by layer, and drop
     them), and the caller can broadcast bucket k while bucket k+1 is being packed. Each
     yielded bucket has a ``buffer`` that is a prefix view of ``alloc(index, capacity)`` (a
-    1-D uint8 tensor of at least ``capacity`` bytes on ``device``; default: a fresh one). Raises ``PlanError`` for a duplicate name or unsupported tensor.
+    1-D uint8 tensor of at least ``capacity`` bytes on ``device``; default: a fresh one).
+
+    With ``zero_copy_min_bytes``, a C-contiguous tensor already on ``device`` with at least
+    that many bytes is not copied: it becomes a bucket of its own whose ``buffer`` is a
+    uint8 view of the tensor's memory (``Bucket.borrowed``). Raises ``PlanError`` for a
+    duplicate name or an unsupported tensor.
     """
     if bucket_bytes < 1:
         raise PlanError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
@@ -171,6 +179,21 @@ def iter_buckets(
             raise PlanError(f"tensor {name!r} appears twice in one version")
         seen.add(name)
         nbytes = t.numel() * t.element_size()
+        if (
+            zero_copy_min_bytes is not None
+            and nbytes >= max(zero_copy_min_bytes, 1)
+            and t.is_contiguous()
+            and t.device == device
+            and not t.is_conj()
+            and not t.is_neg()
+        ):
+            if specs:
+                yield flush()
+            spec = TensorSpec(name=name, dtype=dtype_name(t.dtype), shape=tuple(t.shape), offset=0, nbytes=nbytes)
+            raw = t.detach().reshape(-1).view(torch.uint8)
+            yield Bucket(index=index, nbytes=nbytes, specs=[spec], buffer=raw, borrowed=True)
+            index += 1
+            continue
         start = _align(fill)
         if specs and start + nbytes > bucket_bytes:
             yield flush()

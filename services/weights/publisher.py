@@ -43,8 +43,9 @@ from services.weights.plan import Bucket, iter_buckets
 
 log = logging.getLogger(__name__)
 K = pb.ControlKind
-ACK_GRACE_S = 0.5
-"""After a failed transfer, survivors get at least this long to acknowledge the abort."""
+ACK_GRACE_S = 2.0
+"""After a failed transfer, survivors get at least this long (capped at the deadline) to
+acknowledge the abort, so they are ready for the next epoch."""
 
 
 @dataclass
@@ -158,10 +159,18 @@ class WeightPublisher:
         """Newest published version (-1 before the first publish)."""
         return self._latest
 
-    def publish(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PublishReport:
+    def publish(
+        self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], *, borrow: bool = False
+    ) -> PublishReport:
         """Publish ``version`` (> every earlier one) to every ready replica; see module docstring.
 
         ``named_tensors`` is consumed lazily, once, in full (even when the transfer fails).
+        ``borrow=True`` promises the tensors will not be modified in place after this call
+        (true for ``DTensor.full_tensor()`` results, which are fresh): large contiguous
+        tensors on the channel's device are then broadcast straight from their memory and
+        kept by reference as the snapshot, without a packing copy. With ``borrow=False``
+        (e.g. live ``model.named_parameters()``) every byte is copied into the publisher's
+        own buffers first.
         Raises ``VersionError`` for a version that does not go forward, ``PlanError`` for a
         bad tensor (the transfer is aborted and the version not published). Transfer
         failures do not raise: they are in the returned report.
@@ -186,7 +195,7 @@ class WeightPublisher:
             def fail(reason: str, wait_started: float) -> None:
                 nonlocal error, grace_until
                 error = reason
-                grace_until = max(wait_started + self.cfg.transfer_timeout_s, time.monotonic() + ACK_GRACE_S)
+                grace_until = self._ack_deadline(wait_started)
                 self._fail_group(members, epoch, version, reason)
 
             if group is not None:
@@ -203,8 +212,11 @@ class WeightPublisher:
             if arena is not None:
                 arena.begin_write()
             alloc = arena.buffer if direct else self._rotating.buffer  # type: ignore[union-attr]
+            # Zero-copy for big tensors when nothing needs a private copy of them.
+            zero_copy = arena is None or (borrow and direct)
+            zc_min = max(1, int(self.cfg.zero_copy_min_mb * (1 << 20))) if zero_copy else None
             try:
-                for bucket in iter_buckets(named_tensors, self.cfg.bucket_bytes, self.device, alloc):
+                for bucket in iter_buckets(named_tensors, self.cfg.bucket_bytes, self.device, alloc, zc_min):
                     nb, nt, tb = nb + 1, nt + len(bucket.specs), tb + sum(s.nbytes for s in bucket.specs)
                     if group is not None and error is None:
                         self._send(members, control(K.CONTROL_KIND_BUCKET, self.session, epoch, version,
@@ -221,7 +233,7 @@ class WeightPublisher:
                             pending = None
                             fail(f"bucket {bucket.index}: {e}", started)
                     if arena is not None:
-                        keep.append(bucket if direct else _to_arena(bucket, arena))
+                        keep.append(bucket if direct else _to_arena(bucket, arena))  # borrowed: by reference
                 if pending is not None:
                     started = time.monotonic()
                     try:
@@ -307,11 +319,16 @@ class WeightPublisher:
         except TransferError as e:
             self._send(candidates, control(K.CONTROL_KIND_ABORT, self.session, epoch, -1,
                                            abort=pb.Abort(reason=str(e))))
-            grace = max(started + self.cfg.transfer_timeout_s, time.monotonic() + ACK_GRACE_S)
-            self._wait_acks(candidates, epoch, -1, grace)
+            self._wait_acks(candidates, epoch, -1, self._ack_deadline(started))
             return f"epoch {epoch}: {e}"
         self._group, self._members = group, candidates
         return None
+
+    def _ack_deadline(self, failed_step_started: float) -> float:
+        """Until when survivors may acknowledge a failure: the rest of the failed step's
+        deadline, but at least ACK_GRACE_S (capped at the deadline) from now."""
+        timeout = self.cfg.transfer_timeout_s
+        return max(failed_step_started + timeout, time.monotonic() + min(ACK_GRACE_S, timeout))
 
     def _wait_acks(
         self, members: list[_Subscriber], epoch: int, version: int, deadline: float

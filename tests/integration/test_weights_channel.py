@@ -101,7 +101,7 @@ class Probe:
 @pytest.fixture
 def publisher(tmp_path):
     cfg = WeightChannelConfig(control_port=0, bucket_mb=BUCKET_MB, transfer_timeout_s=20.0,
-                              snapshot_dir=str(tmp_path / "snap"))
+                              zero_copy_min_mb=BUCKET_MB / 2, snapshot_dir=str(tmp_path / "snap"))
     pub = WeightPublisher(cfg).start()
     probes: list[Probe] = []
     yield pub, probes
@@ -117,8 +117,8 @@ def test_two_replicas_bitwise_then_kill_and_catch_up(publisher):
     probes += [a, b]
     assert pub.wait_for_replicas(2, timeout=60)
 
-    for v in (1, 2):
-        report = pub.publish(v, iter(weights(v)))
+    for v in (1, 2):  # v2 as the FSDP2 trainer publishes: borrowed, big tensors zero-copy
+        report = pub.publish(v, iter(weights(v)), borrow=v == 2)
         assert report.error is None and sorted(report.delivered) == ["replica-a", "replica-b"]
         assert report.num_buckets >= 8 and report.num_tensors == len(weights(v))
     for p in (a, b):
@@ -135,8 +135,8 @@ def test_two_replicas_bitwise_then_kill_and_catch_up(publisher):
     assert b.proc.wait(30) == -signal.SIGKILL
 
     # The survivor keeps receiving; the dead replica is left out of the next epoch.
-    for v in (4, 5):
-        report = pub.publish(v, iter(weights(v)))
+    for v in (4, 5):  # v5 borrowed: the snapshot below then serves the caller's tensors by reference
+        report = pub.publish(v, iter(weights(v)), borrow=v == 5)
         assert report.error is None and report.delivered == ["replica-a"], report
     a.wait_event(lambda e: e.get("event") == "update" and e["version"] == 5)
     assert a.updates()[4]["digest"] == digests(4) and a.updates()[5]["digest"] == digests(5)
@@ -155,6 +155,11 @@ def test_two_replicas_bitwise_then_kill_and_catch_up(publisher):
         assert p.proc.wait(30) == 0
     status = pub.replicas()
     assert status == {} or all(s.served_version == 6 for s in status.values())
+    pub.close()  # persists the last snapshot into snapshot_dir
+    from safetensors.torch import load_file
+
+    saved = load_file(str(Path(pub.cfg.snapshot_dir) / "weights-v6.safetensors"))
+    assert {n: tensor_digest(t) for n, t in saved.items()} == digests(6)
 
 
 def test_hung_replica_costs_one_deadline(tmp_path):
@@ -165,8 +170,8 @@ def test_hung_replica_costs_one_deadline(tmp_path):
         try:
             assert pub.wait_for_replicas(2, timeout=60)
             report = pub.publish(1, iter(weights(1)))  # replica-b freezes after bucket 1
-            assert report.error is not None and "replica-b" in report.failed
-            assert report.seconds < 2 * cfg.transfer_timeout_s + 2.0
+            assert report.error is not None and "replica-b" in report.failed, report
+            assert report.seconds < 2 * cfg.transfer_timeout_s + 2.0, report  # one deadline + ack grace
             # Still frozen and still subscribed, yet it is not waited for again: it never
             # acknowledged the failed transfer, so it is not ready.
             assert b.proc.poll() is None

@@ -193,3 +193,30 @@ def test_config_is_strict_and_bounded():
     assert WeightChannelConfig(host="0.0.0.0", advertise_host="10.0.0.5").rendezvous_host == "10.0.0.5"
     for name, f in WeightChannelConfig.model_fields.items():
         assert f.description, name
+
+
+def test_zero_copy_buckets_borrow_big_contiguous_tensors():
+    big = torch.randn(2048)  # 8 KiB, contiguous
+    strided = torch.randn(64, 64).t()  # 16 KiB but not contiguous: packed
+    small = torch.randn(8)
+    named = [("small", small), ("big", big), ("strided", strided), ("small2", small + 1)]
+    buckets = list(iter_buckets(iter(named), 4096, CPU, zero_copy_min_bytes=4096))
+    borrowed = [b for b in buckets if b.borrowed]
+    assert [b.specs[0].name for b in borrowed] == ["big"]
+    assert borrowed[0].buffer.data_ptr() == big.data_ptr()  # no copy
+    assert [b.index for b in buckets] == list(range(len(buckets)))
+    assert_bitwise(unpack(buckets), named)
+    assert all(not b.borrowed for b in iter_buckets(iter(named), 4096, CPU))  # off by default
+
+
+def test_custom_allocator_is_used_for_packed_buckets():
+    calls = []
+
+    def alloc(index: int, nbytes: int) -> torch.Tensor:
+        calls.append((index, nbytes))
+        return torch.zeros(nbytes + 100, dtype=torch.uint8)
+
+    named = [("a", torch.ones(100)), ("b", torch.ones(2000))]
+    buckets = list(iter_buckets(iter(named), 1024, CPU, alloc))
+    assert calls == [(0, 1024), (1, 8000)]
+    assert_bitwise(unpack(buckets), named)
