@@ -97,32 +97,37 @@ class EmbeddedQueue(Queue):
         out: list[RawLeased] = []
         cur: RawLeased | None = None
         buf = bytearray()
-        off = 0
+        off = want = 0  # bytes of the current frame received / expected (buf empty: discard them)
         try:
             async for msg in call:
                 if not isinstance(msg, memoryview) and msg.WhichOneof("kind") == "header":
+                    if cur is not None:
+                        raise BrokerUnreachable("the broker started an item inside a frame")
                     h = msg.header
                     r = RawLeased(id=h.entry_id, payload=b"", sample_ids=tuple(h.sample_ids), fresh=tuple(h.fresh),
                                   delivery_count=h.delivery_count, producer=h.producer, seq=h.seq)
                     out.append(r)
                     self._held.add(r.id)
-                    if h.frame_bytes > self.cfg.max_frame_bytes:
-                        r.error = f"frame of {h.frame_bytes} bytes exceeds max_frame_bytes"
                     if len(h.inline) == h.frame_bytes:
                         r.payload = h.inline
+                        continue
+                    cur, off, want = r, 0, h.frame_bytes
+                    if h.frame_bytes > self.cfg.max_frame_bytes:  # refuse to allocate it; drain and drop
+                        r.error = f"frame of {h.frame_bytes} bytes exceeds max_frame_bytes={self.cfg.max_frame_bytes}"
+                        buf = bytearray()
                     else:
-                        cur, buf, off = r, bytearray(h.frame_bytes), 0
-                        r.payload = buf
+                        buf = r.payload = bytearray(h.frame_bytes)
                 else:
                     if cur is None:
                         raise BrokerUnreachable("broker sent a chunk without a header")
                     piece = msg if isinstance(msg, memoryview) else msg.chunk
                     n = len(piece)
-                    if off + n > len(buf):
+                    if off + n > want:
                         raise BrokerUnreachable("the broker sent more bytes than the frame holds")
-                    buf[off : off + n] = piece
+                    if buf:
+                        buf[off : off + n] = piece
                     off += n
-                    if off >= len(buf):
+                    if off == want:
                         cur = None
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _TRANSIENT:
