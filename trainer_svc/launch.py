@@ -4,7 +4,8 @@ The parent picks a free rendezvous port, starts one child per rank with ``RANK``
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set (``init_process_group``
 then meets through a TCPStore on rank 0), forwards SIGTERM/SIGINT to them, and if any
 rank fails it terminates the rest (then kills them after a grace period). Returns the
-first non-zero exit code, or 0.
+first non-zero exit code, or 0. On Linux a rank also gets SIGTERM if the launcher itself
+dies (``PR_SET_PDEATHSIG``), so no rank outlives it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def spawn_ranks(
     port = free_port()
     per_rank = threads or max(1, (os.cpu_count() or 1) // nproc)
     procs = [
-        subprocess.Popen([sys.executable, *argv], env=rank_env(r, nproc, port, per_rank, env))
+        subprocess.Popen([sys.executable, *argv], env=rank_env(r, nproc, port, per_rank, env), preexec_fn=_term_with_parent)
         for r in range(nproc)
     ]
 
@@ -82,6 +83,17 @@ def spawn_ranks(
             signal.signal(s, h)
         _stop(procs, grace_s)
     return code
+
+
+def _term_with_parent() -> None:
+    """In the child (Linux): get SIGTERM when the launcher dies, even by SIGKILL, so ranks
+    checkpoint and exit instead of training on as orphans."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
