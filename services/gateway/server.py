@@ -104,8 +104,17 @@ class Gateway:
         raise RuntimeError(f"gateway REST server did not start on {self.settings.host}:{self.settings.port}")
 
     def serve_forever(self) -> None:
-        """Block until interrupted (Ctrl-C / SIGTERM via uvicorn)."""
+        """Block until SIGINT/SIGTERM (call from the main thread), then stop cleanly.
+        Running jobs are left running: a restarted gateway finds them again."""
+        import signal
+
         assert self._http_thread is not None
+
+        def _stop(_signum: int, _frame: object) -> None:
+            self._uvicorn.should_exit = True
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stop)
         try:
             while self._http_thread.is_alive():
                 self._http_thread.join(timeout=1.0)
