@@ -17,6 +17,7 @@ import yaml
 from services.config.job import JobSpecError, dump_job, parse_job
 
 MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_NODES = 100_000  # values after expanding YAML aliases ("billion laughs" guard)
 
 
 class SpecRejected(ValueError):
@@ -27,6 +28,22 @@ class SpecRejected(ValueError):
 class ValidSpec:
     name: str
     resolved_yaml: str  # the spec with defaults filled and overrides applied
+
+
+def _check_size(raw: Any) -> None:
+    """Refuse specs that expand to more than MAX_SPEC_NODES values (YAML aliases can make a
+    small text expand exponentially); the walk stops as soon as the bound is passed."""
+    stack, seen = [raw], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_SPEC_NODES:
+            raise SpecRejected(f"spec: more than {MAX_SPEC_NODES} values once YAML aliases are expanded")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
 
 
 def validate_spec(spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> ValidSpec:
@@ -42,6 +59,7 @@ def validate_spec(spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> 
             raise SpecRejected(f"spec: not valid YAML: {exc}") from None
     else:
         raw = spec
+    _check_size(raw)
     if not isinstance(raw, dict):
         raise SpecRejected(f"spec: a job spec is a mapping of blocks (name, model, data, ...), got {type(raw).__name__}")
     for item in overrides:

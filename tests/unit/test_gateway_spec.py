@@ -47,3 +47,13 @@ def test_non_mapping_or_broken_yaml_is_refused(text):
 def test_huge_spec_is_refused():
     with pytest.raises(SpecRejected, match="larger than"):
         validate_spec("a: " + "x" * (MAX_SPEC_BYTES + 1))
+
+
+def test_yaml_alias_bomb_is_refused_quickly():
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for i in range(1, 10):
+        prev = f"*a{i - 1}"
+        lines.append(f"a{i}: &a{i} [{', '.join([prev] * 10)}]")
+    lines.append("name: bomb\ndata: {train_files: *a9, train_batch_size: 4}")
+    with pytest.raises(SpecRejected, match="aliases"):
+        validate_spec("\n".join(lines))
