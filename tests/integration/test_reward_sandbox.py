@@ -240,3 +240,17 @@ def test_user_function_through_the_manager(user_file, tmp_path):
         assert out.non_tensor_batch["error"][2].startswith("reward timeout:")
     finally:
         p.close()
+
+
+def test_isolated_builtin_scorers(tmp_path):
+    """``isolate_builtin``: the built-in dispatcher runs in a sandbox worker, kwargs included."""
+    p = SandboxPool(SandboxSpec(path=None, kwargs={"method": "flexible"}, num_workers=1, memory_limit_mb=512)).start()
+    try:
+        res = p.score([
+            {"data_source": "openai/gsm8k", "solution_str": "it is 12", "ground_truth": "12", "extra_info": None},
+            {"data_source": "nope", "solution_str": "x", "ground_truth": "1", "extra_info": None},
+        ])
+        assert res[0].score == 1.0 and res[0].error is None
+        assert res[1].kind == "exception" and "nope" in res[1].error
+    finally:
+        p.close()
