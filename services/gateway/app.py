@@ -122,9 +122,12 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
         },  # fmt: skip
     )
     async def submit(request: Request) -> dict[str, Any]:
-        body = await request.body()
-        if len(body) > MAX_SPEC_BYTES:
-            raise HTTPException(413, f"request body over {MAX_SPEC_BYTES} bytes")
+        body = bytearray()
+        async for chunk in request.stream():  # stop reading as soon as the bound is passed
+            body += chunk
+            if len(body) > MAX_SPEC_BYTES:
+                raise HTTPException(413, f"request body over {MAX_SPEC_BYTES} bytes")
+        body = bytes(body)
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype == "application/json":
             try:

@@ -165,3 +165,9 @@ def test_garbage_in_status_json_never_breaks_the_api(tmp_path):
         assert len(job["detail"]) <= 4000
         assert all(v is None for v in job["progress"].values())
         assert c.post(f"/v1/jobs/{jid}:cancel", headers=auth()).status_code == 200
+
+
+def test_oversized_body_is_a_413(client):
+    big = b"name: x\n" + b"#" * (2 << 20)
+    r = client.post("/v1/jobs", content=big, headers={**auth(), "Content-Type": "application/yaml"})
+    assert r.status_code == 413 and "bytes" in r.json()["detail"]
