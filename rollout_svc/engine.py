@@ -6,9 +6,10 @@ and the sample id, so results do not depend on what else is batched), and swaps 
 place while requests are in flight:
 
 - ``on_weight_update="finish"``: the scheduler is paused with ``mode="keep"`` (requests stay
-  frozen), the weights are reloaded, the prefix cache is reset, the scheduler resumes; the
-  frozen requests continue with the new weights and their samples keep the version they
-  started with (the oldest one used).
+  frozen), the weights are reloaded, the running requests are preempted and the prefix cache
+  reset (no KV computed by the old weights survives), the scheduler resumes; the frozen
+  requests recompute their KV and continue with the new weights, and their samples keep the
+  version they started with (the oldest one used).
 - ``on_weight_update="abort_requeue"``: in-flight requests are aborted, and every group with
   an aborted sample is regenerated from scratch under the new version.
 
@@ -70,6 +71,8 @@ class RolloutEngine:
         self._abort_epoch = 0  # bumped by every abort-mode weight update
         self.in_flight = 0
         self.tokens_generated = 0
+        self.prefix_reset_failures = 0
+        self.last_update_in_flight = 0  # requests in flight when the last update paused the engine
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -251,6 +254,7 @@ class RolloutEngine:
                 if mode == "abort":
                     self._abort_epoch += 1
                 deadline = self.cfg.weight_update_timeout_s
+                self.last_update_in_flight = self.in_flight
                 await asyncio.wait_for(self.llm.pause_generation(mode=mode, clear_cache=(mode == "abort")), deadline)
                 try:
                     await self.llm.collective_rpc(
@@ -259,7 +263,14 @@ class RolloutEngine:
                     self.version = version
                 finally:
                     if mode == "keep":
-                        await asyncio.wait_for(self.llm.reset_prefix_cache(), deadline)
+                        # Frozen requests hold KV blocks, so a plain reset would fail and new
+                        # prompts could reuse KV computed by the old weights. Preempting them
+                        # frees every block (the reset then succeeds); they resume by
+                        # recomputing their prompt + tokens so far with the new weights.
+                        ok = await asyncio.wait_for(self.llm.reset_prefix_cache(reset_running_requests=True), deadline)
+                        if not ok:
+                            self.prefix_reset_failures += 1
+                            log.warning("prefix cache reset failed after loading v%d", version)
                     await asyncio.wait_for(self.llm.resume_generation(), deadline)
         finally:
             Path(path).unlink(missing_ok=True)

@@ -236,12 +236,11 @@ def test_update_while_generating(rig, tiny_model: str, mode: str) -> None:
         prompt = _prompt(tiny_model)
 
         async def scenario():
-            gen = asyncio.ensure_future(replica.generate_item(_item([prompt] * 16, uid=f"fly-{mode}-", n=4)))
+            gen = asyncio.ensure_future(replica.generate_item(_item([prompt] * 32, uid=f"fly-{mode}-", n=4)))
             while engine.in_flight == 0:
                 await asyncio.sleep(0.001)
-            in_flight_at_update = engine.in_flight
             await replica.apply_weights(v + 1, original.items())
-            return in_flight_at_update, await gen
+            return engine.last_update_in_flight, await gen
 
         in_flight, outs = el.run(scenario())
         assert in_flight > 0
@@ -252,7 +251,7 @@ def test_update_while_generating(rig, tiny_model: str, mode: str) -> None:
             assert o.batch["response_mask"].sum(1).min() >= 1
             if mode == "abort_requeue":
                 assert len(set(o.batch["policy_version"].tolist())) == 1
-        assert engine.version == v + 1
+        assert engine.version == v + 1 and engine.prefix_reset_failures == 0
     finally:
         engine.cfg.on_weight_update = "finish"
 
