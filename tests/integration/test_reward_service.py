@@ -219,3 +219,28 @@ def test_bad_reward_function_fails_at_start_with_a_clear_message(tok_dir, tmp_pa
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "cannot start" in out.stderr and "nope.py" in out.stderr and "does not exist" in out.stderr
+
+
+async def test_queue_path_on_the_embedded_broker(broker, tok_dir):
+    """The same service loop on the embedded gRPC broker (the one-machine default)."""
+    from services.config.queues import EmbeddedQueueConfig
+
+    qcfg = EmbeddedQueueConfig(address=broker.address)
+    server = await RewardServer(RewardConfig(get_timeout_s=0.2, grpc_port=None), load_decoder(tok_dir), queue_cfg=qcfg,
+                                consumer="r0").start()
+    producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
+    trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="trainer-0")
+    stop = asyncio.Event()
+    loop_task = asyncio.create_task(server.run(stop))
+    try:
+        await producer.put([make_group(tok_dir, ["#### 1", "#### 2"], ["1", "1"], uid=f"e{i}") for i in range(3)])
+        got = await drain(trainer, 3)
+        assert sorted(it.data.non_tensor_batch["uid"][0] for it in got) == ["e0", "e1", "e2"]
+        assert all(it.data.batch["token_level_scores"].sum(-1).tolist() == [1.0, 0.0] for it in got)
+        assert await producer.depth() == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop_task, 30)
+        for q in (producer, trainer):
+            await q.close()
+        await server.stop()
