@@ -57,6 +57,7 @@ class IntakeCounters:
     samples_trained: int = 0
     dropped_stale: int = 0
     dropped_error: int = 0
+    samples_nonfinite: int = 0
     batches: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -65,6 +66,15 @@ class IntakeCounters:
 
 def _column(data: DataProto, key: str) -> np.ndarray | None:
     return data.non_tensor_batch.get(key) if data.non_tensor_batch is not None else None
+
+
+def _count(c: IntakeCounters, pending: PendingBatch, applied: bool, groups: int) -> None:
+    c.groups += groups
+    if applied:
+        c.samples_trained += len(pending.data)
+    else:
+        c.samples_nonfinite += len(pending.data)
+    c.batches += 1
 
 
 class QueueIntake:
@@ -187,15 +197,15 @@ class QueueIntake:
             wait_seconds=time.monotonic() - t0,
         )
 
-    async def commit(self, pending: PendingBatch) -> None:
-        """The step that trained ``pending`` is committed: ack its items, record stages."""
+    async def commit(self, pending: PendingBatch, applied: bool = True) -> None:
+        """The step that used ``pending`` is committed: ack its items and record ledger
+        stages -- ``trained``, or ``nonfinite`` when the step was skipped for a NaN/inf
+        loss (the samples were consumed but did not change the weights)."""
         if pending.items:
-            await self.queue.ack(pending.items, stage="trained")
+            await self.queue.ack(pending.items, stage="trained" if applied else "nonfinite")
         if pending.dropped_ids:
             await self.queue.record_stage(pending.dropped_ids, "dropped")
-        self.counters.groups += len(pending.items)
-        self.counters.samples_trained += len(pending.data)
-        self.counters.batches += 1
+        _count(self.counters, pending, applied, len(pending.items))
 
     def state(self) -> dict[str, Any]:
         return {"intake": self.counters.as_dict()}
@@ -222,10 +232,8 @@ class SyntheticIntake:
         data = make_batch(self.train_batch_size, seed=self.seed * 1_000_003 + step, policy_version=current_version, **self.kw)
         return PendingBatch(data=data, staleness=[0] * len(data), cursor=step + 1)
 
-    async def commit(self, pending: PendingBatch) -> None:
-        self.counters.groups += self.train_batch_size
-        self.counters.samples_trained += len(pending.data)
-        self.counters.batches += 1
+    async def commit(self, pending: PendingBatch, applied: bool = True) -> None:
+        _count(self.counters, pending, applied, self.train_batch_size)
 
     def state(self) -> dict[str, Any]:
         return {"intake": self.counters.as_dict()}

@@ -151,7 +151,7 @@ class TrainerService:
                 self._publish()
             t2 = time.perf_counter()
             if self.ctx.rank == 0:
-                self._loop.run_until_complete(self.source.commit(pending))
+                self._loop.run_until_complete(self.source.commit(pending, applied=result.applied))
             self.step_no += 1
             self.last_result = result
             self._consecutive_nonfinite = 0 if result.applied else self._consecutive_nonfinite + 1

@@ -95,3 +95,18 @@ async def test_timeout_when_batch_never_fills(redis_server):
     stopped = await intake.next_batch(0, timeout=5, should_stop=lambda: True)
     assert stopped is None
     await consumer.close()
+
+
+async def test_skipped_nonfinite_step_is_recorded_honestly(redis_server):
+    producer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    await producer.put([_group("nan", [0, 0])])
+    intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2)
+    pending = await intake.next_batch(0, timeout=10)
+    await intake.commit(pending, applied=False)
+    assert await consumer.depth() == 0
+    assert await consumer.stages(["nan/0", "nan/1"]) == {"nan/0": "nonfinite", "nan/1": "nonfinite"}
+    assert intake.counters.samples_nonfinite == 2 and intake.counters.samples_trained == 0
+    await producer.close()
+    await consumer.close()
