@@ -52,13 +52,26 @@ class RolloutEngine:
         model: model directory or hub id (passed to vLLM as is).
         dtype: dtype when ``cfg.dtype == "auto"``.
         initial_version: policy version of the weights loaded at start.
+        tokenizer: tokenizer directory when it differs from ``model``.
+        trust_remote_code: let vLLM run the checkpoint's own modelling code.
     """
 
-    def __init__(self, cfg: RolloutConfig, model: str, *, dtype: str = "float32", initial_version: int = 0) -> None:
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model: str,
+        *,
+        dtype: str = "float32",
+        initial_version: int = 0,
+        tokenizer: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
         if cfg.prompt_length is None or cfg.response_length is None:
             raise ValueError("RolloutEngine needs cfg.prompt_length and cfg.response_length resolved")
         self.cfg = cfg
         self.model = model
+        self.tokenizer = tokenizer
+        self.trust_remote_code = trust_remote_code
         self.dtype = dtype if cfg.dtype == "auto" else cfg.dtype
         self.version = initial_version
         self.llm = None
@@ -96,6 +109,8 @@ class RolloutEngine:
                 batched_tokens = max(batched_tokens or 0, max_len, 4096)
         return AsyncEngineArgs(
             model=self.model,
+            tokenizer=self.tokenizer,
+            trust_remote_code=self.trust_remote_code,
             dtype=self.dtype,
             seed=c.seed or 0,
             max_model_len=max_len,

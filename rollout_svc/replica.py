@@ -53,11 +53,17 @@ class RateTracker:
         while len(self._pts) > 2 and now - self._pts[0][0] > self.window_s:
             self._pts.popleft()
 
-    def rate(self) -> float:
-        if len(self._pts) < 2:
+    def rate(self, now: float | None = None) -> float:
+        """Tokens/s between the oldest point inside the window and ``now`` (0 when idle)."""
+        now = time.monotonic() if now is None else now
+        pts = [p for p in self._pts if now - p[0] <= self.window_s]
+        if not pts:
             return 0.0
-        (t0, n0), (t1, n1) = self._pts[0], self._pts[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        t0, n0 = pts[0]
+        n1 = self._pts[-1][1]
+        if len(pts) == 1 and n1 == n0:
+            return 0.0
+        return (n1 - n0) / (now - t0) if now > t0 else 0.0
 
 
 def _stream_id_age_s(entry_id: str) -> float | None:

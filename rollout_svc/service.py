@@ -22,7 +22,8 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
     from services.modelling.tiny import resolve_model
 
     cfg = settings.rollout
-    engine = RolloutEngine(cfg, resolve_model(settings.model), dtype=settings.dtype)
+    engine = RolloutEngine(cfg, resolve_model(settings.model), dtype=settings.dtype, tokenizer=settings.tokenizer,
+                           trust_remote_code=settings.trust_remote_code)
     metrics = RolloutMetrics()
     prompts = rollouts = None
     if settings.queues is not None:

@@ -27,6 +27,8 @@ class SettingsError(ValueError):
 class ReplicaSettings:
     model: str
     dtype: str
+    tokenizer: str | None
+    trust_remote_code: bool
     rollout: RolloutConfig
     queues: Any | None  # services.config.queues.QueueConfig
     weights: Any | None  # services.config.weights.WeightChannelConfig
@@ -71,7 +73,19 @@ def settings_from_dict(raw: dict[str, Any], overrides: list[str] | tuple[str, ..
         from services.config.weights import WeightChannelConfig
 
         weights = check("weights", WeightChannelConfig.model_validate)
-    return ReplicaSettings(model=model.path, dtype=model.dtype, rollout=rollout, queues=queues, weights=weights)
+    return ReplicaSettings(model=model.path, dtype=model.dtype, tokenizer=model.tokenizer_path,
+                           trust_remote_code=model.trust_remote_code, rollout=rollout, queues=queues, weights=weights)
+
+
+def _resolve(p: str | None, base: Path) -> str | None:
+    """A relative path that exists next to the config file is made absolute (as load_job does);
+    anything else (absolute paths, hub ids) is kept."""
+    if p is None:
+        return None
+    q = Path(p).expanduser()
+    if q.is_absolute():
+        return str(q)
+    return str((base / q).resolve()) if (base / q).exists() else p
 
 
 def load_settings(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> ReplicaSettings:
@@ -80,4 +94,7 @@ def load_settings(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise SettingsError(f"cannot read {path}: {exc}") from exc
-    return settings_from_dict(raw or {}, overrides)
+    s = settings_from_dict(raw or {}, overrides)
+    base = Path(path).parent
+    s.model, s.tokenizer = _resolve(s.model, base), _resolve(s.tokenizer, base)
+    return s

@@ -99,3 +99,33 @@ def test_manifest_from_tiny_model(tiny_model: str) -> None:
     assert m is not None and m.shapes["model.embed_tokens.weight"][1] == 128
     assert "lm_head.weight" in m.optional
     assert WeightManifest.from_model("Qwen/Qwen2.5-0.5B", tied=False) is None
+
+
+def test_rate_tracker_window_and_idle() -> None:
+    from rollout_svc.replica import RateTracker
+
+    r = RateTracker(window_s=10.0)
+    assert r.rate(now=0.0) == 0.0
+    r.add(0, now=0.0)
+    r.add(500, now=5.0)
+    assert r.rate(now=5.0) == pytest.approx(100.0)
+    assert r.rate(now=10.0) == pytest.approx(50.0)  # no new tokens since t=5
+    assert r.rate(now=100.0) == 0.0  # idle longer than the window
+
+
+def test_stream_id_age() -> None:
+    import time
+
+    from rollout_svc.replica import _stream_id_age_s
+
+    assert _stream_id_age_s(f"{int(time.time() * 1000) - 2000}-0") == pytest.approx(2.0, abs=0.5)
+    assert _stream_id_age_s("abc") is None and _stream_id_age_s("12-x") is None
+
+
+def test_load_settings_resolves_relative_model_dir(tmp_path: Path) -> None:
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    f = tmp_path / "job.yaml"
+    f.write_text("model: {path: models/m, tokenizer_path: Qwen/Qwen2.5-0.5B}\nrollout: {prompt_length: 8, response_length: 4}\n")
+    s = load_settings(f)
+    assert s.model == str((tmp_path / "models" / "m").resolve())
+    assert s.tokenizer == "Qwen/Qwen2.5-0.5B"  # not a local path: kept (a hub id)
