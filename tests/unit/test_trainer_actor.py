@@ -142,3 +142,36 @@ def test_local_mini_batch_size_follows_verl():
     assert local_mini_batch_size(4, 8, 2) == 16
     with pytest.raises(ValueError, match="does not divide"):
         local_mini_batch_size(3, 1, 2)
+
+
+def test_off_policy_correction_weights_the_policy_loss(tiny_model):
+    """tis with rollout == old log-probs changes nothing; with pi_old/pi_rollout = e^5 every
+    weight is capped at 2, doubling the policy-gradient loss."""
+    from services.config.trainer import OffPolicyConfig
+    from trainer_svc.actor import DataParallelPPOActor
+    from trainer_svc.experience import compute_advantage
+    from trainer_svc.fsdp import build_optimizer, load_causal_lm
+
+    def pg_loss(mode: str, shift: float) -> float:
+        model = load_causal_lm(tiny_model)
+        cfg = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=8, optim={"lr": 1e-3})
+        opt, sched = build_optimizer(model, cfg.optim, 2)
+        actor = DataParallelPPOActor(cfg, model, opt, sched, mini_batch_size=8, off_policy=OffPolicyConfig(mode=mode, cap=2.0))
+        batch = make_batch(2, n=2, prompt_len=5, response_len=4, vocab_size=model.config.vocab_size, seed=9)
+        batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+        batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"] - shift
+        compute_advantage(batch, AlgorithmConfig())
+        return actor.update_policy(batch).metrics["actor/pg_loss"]
+
+    base = pg_loss("none", 0.0)
+    assert abs(base) > 1e-6
+    assert pg_loss("tis", 0.0) == pytest.approx(base, rel=1e-6)
+    assert pg_loss("tis", 5.0) == pytest.approx(2 * base, rel=1e-5)
+    with pytest.raises(KeyError, match="rollout_log_probs"):
+        model = load_causal_lm(tiny_model)
+        opt, sched = build_optimizer(model, ActorConfig().optim, 1)
+        actor = DataParallelPPOActor(ActorConfig(), model, opt, sched, mini_batch_size=4,
+                                     off_policy=OffPolicyConfig(mode="decoupled"))
+        b = make_batch(1, n=2, prompt_len=4, response_len=3, vocab_size=model.config.vocab_size)
+        del b.batch["rollout_log_probs"]
+        actor.update_policy(b)
