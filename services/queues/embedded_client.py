@@ -107,7 +107,6 @@ class EmbeddedQueue(Queue):
                     r = RawLeased(id=h.entry_id, payload=b"", sample_ids=tuple(h.sample_ids), fresh=tuple(h.fresh),
                                   delivery_count=h.delivery_count, producer=h.producer, seq=h.seq)
                     out.append(r)
-                    self._held.add(r.id)
                     if len(h.inline) == h.frame_bytes:
                         r.payload = h.inline
                         continue
@@ -135,6 +134,8 @@ class EmbeddedQueue(Queue):
             raise
         if cur is not None:
             raise BrokerUnreachable("the broker's stream ended inside a frame")
+        # only now are they ours: items of a call that broke midway come back by recovery
+        self._held.update(r.id for r in out)
         return out
 
     async def _read(self, max_items: int, timeout_s: float) -> list[RawLeased]:

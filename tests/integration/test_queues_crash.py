@@ -80,14 +80,17 @@ async def test_killed_consumer_leases_are_reclaimed_exactly_once(env):
 
 async def test_server_killed_and_restarted_mid_stream(durable_env):
     server = durable_env.server
-    p = durable_env.queue(consumer="p", op_timeout_s=30)  # calls ride out a slow restart on a busy machine
-    c = durable_env.queue(consumer="c", op_timeout_s=30)
+    p = durable_env.queue(consumer="p", op_timeout_s=30, put_timeout_s=60)  # ride out a slow restart
+    c = durable_env.queue(consumer="c", op_timeout_s=30, put_timeout_s=60)
     n = 150
     sink: list[str] = []
     restarted = asyncio.Event()
+    killed = asyncio.Event()
 
     async def produce():
         for i in range(0, n, 5):
+            if i == 100:
+                await killed.wait()  # the crash lands mid-stream; the rest is put through the outage
             await p.put([group([f"m{j}"]) for j in range(i, i + 5)])
 
     async def consume():
@@ -100,6 +103,7 @@ async def test_server_killed_and_restarted_mid_stream(durable_env):
         while len(sink) < 40:
             await asyncio.sleep(0.005)
         server.kill()
+        killed.set()
         await asyncio.sleep(0.3)
         await asyncio.to_thread(server.restart)
         restarted.set()
