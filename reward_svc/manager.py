@@ -4,9 +4,11 @@
 
 * ``token_level_scores`` (float32 ``[B, R]``): each sample's score on its last valid
   response token, zeros elsewhere (verl's ``NaiveRewardManager`` layout);
-* one non-tensor column per key of dict scores (verl's ``reward_extra_info``; ``None``
-  where a sample lacks the key). A key that would overwrite an existing column is stored
-  as ``reward_<key>``;
+* ``reward_extra_info`` (dict per sample): the keys of a dict score (``{}`` for float
+  scores and failures), except the keys listed in ``RewardConfig.extra_columns``, which get
+  a non-tensor column each (verl's ``reward_extra_info`` layout; ``None`` where a sample
+  lacks the key; stored as ``reward_<key>`` when the name is taken). The columns added
+  never depend on the scorer's output, so all groups share one schema;
 * ``error`` (str per sample, ``""`` when fine): the scorer's error, if any, appended to a
   rollout error already there, as ``"reward <kind>: <message>"``.
 
@@ -33,7 +35,10 @@ from reward_svc.sandbox.pool import CallResult, SandboxPool, validate_result
 from reward_svc.scorers import BUILTIN_SCORERS
 from services.config.reward import RewardConfig
 
-_PROTECTED = {"responses", "prompts", "input_ids", "attention_mask", "error", "sample_id", "uid"}
+_PROTECTED = {
+    "responses", "prompts", "input_ids", "attention_mask", "error", "sample_id", "uid", "data_source",
+    "reward_model", "extra_info", "reward_extra_info", "policy_version",
+}
 
 
 class MalformedBatchError(ValueError):
@@ -185,17 +190,21 @@ class RewardManager:
         return data, ScoreReport(sources, scores.tolist(), [res.kind for res in results])
 
     def _write_extras(self, data: Any, results: list[CallResult]) -> None:
-        keys: list[str] = []
-        for res in results:
-            for k in res.extra:
-                if k not in keys:
-                    keys.append(k)
+        """Dict-score keys: declared ``extra_columns`` as columns, the rest in ``reward_extra_info``.
+
+        The set of columns added never depends on what the scorer returned, so every
+        scored group has the same schema (the trainer concatenates groups).
+        """
         nt = data.non_tensor_batch
-        for k in keys[: self.cfg.max_extra_columns + 1]:
-            name = f"reward_{k}" if (k in nt or k in _PROTECTED) else k
+        declared = self.cfg.extra_columns
+        for k in declared:
+            name = f"reward_{k}" if k in _PROTECTED or k in nt else k
             col = np.empty(len(results), dtype=object)
             col[:] = [res.extra.get(k) for res in results]
             nt[name] = col
+        info = np.empty(len(results), dtype=object)
+        info[:] = [{k: v for k, v in res.extra.items() if k not in declared} for res in results]
+        nt["reward_extra_info"] = info
 
     def _write_errors(self, data: Any, results: list[CallResult]) -> None:
         nt = data.non_tensor_batch

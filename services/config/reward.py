@@ -89,6 +89,13 @@ class RewardConfig(StrictModel):
     max_result_bytes: int = Field(
         65_536, ge=256, le=16 << 20, description="Largest JSON result one call may return; larger is an error."
     )
+    extra_columns: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Keys of dict scores written as their own per-sample non-tensor columns (verl's "
+        "reward_extra_info layout), present in EVERY scored group (None where a sample lacks the key) so "
+        "groups always concatenate; all other keys go into the per-sample dict column `reward_extra_info`.",
+    )
     max_extra_columns: int = Field(
         32, ge=0, le=1024, description="Most extra columns a dict score may add (keys beyond are an error)."
     )

@@ -225,7 +225,8 @@ def test_start_errors_are_clear(tmp_path, user_file):
 
 def test_user_function_through_the_manager(user_file, tmp_path):
     tok = write_tokenizer(tmp_path / "tok")
-    cfg = RewardConfig(custom_reward_function={"path": user_file}, num_workers=2, call_timeout_s=1.5, memory_limit_mb=512)
+    cfg = RewardConfig(custom_reward_function={"path": user_file}, num_workers=2, call_timeout_s=1.5, memory_limit_mb=512,
+                       extra_columns=["acc", "score", "missing"])
     p = SandboxPool(SandboxSpec(path=user_file, num_workers=2, call_timeout_s=1.5, memory_limit_mb=512)).start()
     try:
         m = RewardManager(cfg, load_decoder(tok), p)
@@ -237,6 +238,15 @@ def test_user_function_through_the_manager(user_file, tmp_path):
         assert [tls[i, last[i]].item() for i in range(4)] == [1.0, 0.5, 0.0, 1.0]
         assert list(out.non_tensor_batch["acc"]) == [None, True, None, None]
         assert list(out.non_tensor_batch["score"]) == [None, 0.5, None, None]
+        assert list(out.non_tensor_batch["missing"]) == [None] * 4  # declared: always there
+        assert list(out.non_tensor_batch["reward_extra_info"]) == [{}, {"pred": "x"}, {}, {}]
+        # a group in which no sample returned a dict has the same columns (groups concatenate)
+        out2, _ = m.score(make_group(tok, ["a", "b"], ["a"] * 2, uid="g1"))
+        assert set(out2.non_tensor_batch) == set(out.non_tensor_batch)
+        from services.protocol import DataProto
+
+        out2.meta_info = dict(out.meta_info)  # (the helper tags meta_info per group)
+        assert len(DataProto.concat([out, out2])) == 6
         assert out.non_tensor_batch["error"][2].startswith("reward timeout:")
     finally:
         p.close()

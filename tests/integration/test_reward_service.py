@@ -195,7 +195,7 @@ async def test_cli_service_process(redis_server, tok_dir, tmp_path):
         (item,) = await drain(trainer, 1, timeout=60)
         d = item.data
         assert d.batch["token_level_scores"].sum(-1).tolist() == [2.0, 0.0, 0.0]
-        assert list(d.non_tensor_batch["len"]) == [1, None, 1]
+        assert [e.get("len") for e in d.non_tensor_batch["reward_extra_info"]] == [1, None, 1]
         assert d.non_tensor_batch["error"][1].startswith("reward crash:")
         text = http_get(port, "/metrics")[1]
         assert 'meshrl_reward_errors_total{kind="crash"} 1.0' in text

@@ -32,6 +32,7 @@ def test_scores_on_last_valid_token(manager, tok_dir):
     assert tls.sum().item() == 2.0  # zeros everywhere else
     assert rep.scores == [1.0, 0.0, 1.0] and rep.error_kinds == [None, None, None]
     assert list(out.non_tensor_batch["error"]) == ["", "", ""]
+    assert list(out.non_tensor_batch["reward_extra_info"]) == [{}, {}, {}]
 
 
 def test_padding_after_the_response_is_ignored(manager, tok_dir):
