@@ -40,6 +40,7 @@ _PACK_ERRORS = (TypeError, ValueError, OverflowError)
 
 
 MAX_EXT_DEPTH = 16  # tuples / object arrays nested in each other, at most this deep
+MAX_INT_KEY = (1 << 61) - 2  # larger ints share hashes (mod 2**61 - 1) with smaller ones
 
 
 class _Packer:
@@ -92,11 +93,49 @@ class _Packer:
 
 def pack(obj: Any, where: str) -> bytes:
     """msgpack-encode plain data. TypeError naming ``where`` and the offending path/type."""
+    _check_keys(obj, where, 0)
     try:
         return _Packer().packb(obj)
     except _PACK_ERRORS as e:
         path, problem = _locate(obj, where, 0)
         raise TypeError(f"{path}: {problem or e} (only plain data is sent; never pickle)") from e
+
+
+_LEAF_TYPES = frozenset({str, int, float, bool, bytes, bytearray, type(None)})
+
+
+def key_allowed(k: Any) -> bool:
+    """True for a hash-safe dict key: str, bytes, bool, None or an int within +-MAX_INT_KEY
+    (str/bytes hashes are randomized and small ints hash to themselves, so no crafted set of
+    such keys can collide; floats, tuples and huge ints can, forcing quadratic dict builds)."""
+    t = type(k)
+    if t is str or t is bytes or t is bool or k is None:
+        return True
+    return t is int and -MAX_INT_KEY <= k <= MAX_INT_KEY
+
+
+def _check_keys(obj: Any, path: str, depth: int) -> None:
+    """Refuse dict keys the decoder would refuse (see :func:`key_allowed`), naming the path.
+    Containers holding only scalars are skipped in C (``set(map(type, ...))``)."""
+    t = type(obj)
+    if t in _LEAF_TYPES or depth > 200:  # too deep: the packer itself refuses it
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not key_allowed(k):
+                raise TypeError(
+                    f"{path}: dict key {k!r} of type {type(k).__qualname__} is not allowed "
+                    f"(keys must be str, bytes, bool, None or an int within +-(2**61 - 2))"
+                )
+            if type(v) not in _LEAF_TYPES:
+                _check_keys(v, f"{path}[{k!r}]", depth + 1)
+    elif isinstance(obj, (list, tuple)) or (isinstance(obj, np.ndarray) and obj.dtype == object):
+        items = obj.reshape(-1).tolist() if isinstance(obj, np.ndarray) else obj
+        if set(map(type, items)) <= _LEAF_TYPES:
+            return
+        for i, v in enumerate(items):
+            if type(v) not in _LEAF_TYPES:
+                _check_keys(v, f"{path}[{i}]", depth + 1)
 
 
 def _locate(obj: Any, path: str, depth: int, ext_depth: int = 0) -> tuple[str, str | None]:
@@ -221,21 +260,11 @@ class _Unpacker:
         raise WireError(f"unknown msgpack ext type {code}")
 
 
-MAX_INT_KEY = (1 << 61) - 2  # larger ints share hashes (mod 2**61 - 1): a dict-collision attack
-
-
 def _make_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    """Build a decoded map, allowing only keys whose hashes cannot be made to collide
-    (str/bytes hashes are randomized; small ints hash to themselves): str, bytes, bool,
-    None and ints within +-MAX_INT_KEY. Other keys (floats, tuples, huge ints) would let a
-    crafted frame force quadratic dict insertion."""
+    """Build a decoded map, allowing only hash-safe keys (:func:`key_allowed`)."""
     for k, _ in pairs:
-        t = type(k)
-        if t is str or t is bytes or t is bool or k is None:
-            continue
-        if t is int and -MAX_INT_KEY <= k <= MAX_INT_KEY:
-            continue
-        raise WireError(f"map key {k!r} of type {t.__name__} not allowed (str, bytes, int, bool or None)")
+        if not key_allowed(k):
+            raise WireError(f"map key {k!r} of type {type(k).__name__} not allowed (str, bytes, int, bool or None)")
     return dict(pairs)
 
 

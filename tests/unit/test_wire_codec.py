@@ -241,6 +241,9 @@ class Opaque:
         ({"dt": np.array(["2020-01-01"], dtype="datetime64[D]")}, "meta_info['dt']"),
         ({"cplx": 1j}, "meta_info['cplx']"),
         ({"deep": _nest_tuples(17)}, "nested more than 16"),
+        ({"d": [{"ok": 1}, {1.5: "float key"}]}, "meta_info['d'][1]: dict key 1.5"),
+        ({"d": {(1, 2): "tuple key"}}, "meta_info['d']: dict key (1, 2)"),
+        ({"d": {2**62: "huge int key"}}, "meta_info['d']: dict key"),
     ],
 )
 def test_encode_refuses_non_plain_meta_info_naming_the_path(meta, path):
