@@ -112,3 +112,20 @@ def _initial(tiny_model: str) -> dict:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_ppo_with_critic_reference_and_kl_on_two_ranks(tiny_model, tmp_path):
+    """GAE with an FSDP2 critic, a reference policy, KL loss and adaptive KL-in-reward."""
+    spec = _spec(tiny_model, ppo_mini_batch_size=2, use_kl_loss=True)
+    spec["critic"] = {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 2}
+    spec["algorithm"] = {"adv_estimator": "gae", "use_kl_in_reward": True, "kl_ctrl": {"type": "adaptive"}}
+    res, _ = _run(tmp_path, spec, 2, "--steps", "2")
+    first, second = res["steps"]
+    assert [first["version"], second["version"]] == [1, 2]
+    for step in (first, second):
+        m = step["metrics"]
+        assert all(v == v for v in m.values()), m  # no NaN anywhere
+        assert m["critic/vf_loss"] > 0 and m["critic/grad_norm"] > 0
+    # the policy moved away from the reference: both KL terms are positive on step two
+    assert second["metrics"]["actor/kl_loss"] > 0
+    assert second["metrics"]["actor/reward_kl_penalty"] > 0
