@@ -41,6 +41,14 @@ class WeightChannelConfig(StrictModel):
         "least this many MiB on the channel's device is broadcast straight from its own memory as "
         "a bucket of its own instead of being copied into a packed bucket.",
     )
+    pipeline_depth: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="Broadcasts in flight at once on each side: bucket k+1 is already posted while "
+        "bucket k is on the wire, so no thread wake-up sits on the critical path (1 = strictly one "
+        "after another).",
+    )
     transfer_timeout_s: float = Field(
         60.0,
         gt=0,

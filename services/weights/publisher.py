@@ -18,6 +18,7 @@ therefore never waits on a dead replica longer than one deadline.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
@@ -94,7 +95,7 @@ class WeightPublisher:
         self._group: DataGroup | None = None
         self._members: list[_Subscriber] = []
         self._arena = SnapshotArena() if cfg.snapshot else None
-        self._rotating = RotatingBuffers(self.device)
+        self._rotating = RotatingBuffers(self.device, slots=cfg.pipeline_depth + 1)
         self._closed = False
         self._server: grpc.Server | None = None
         self._store = None
@@ -205,7 +206,8 @@ class WeightPublisher:
                 self._send(members, control(K.CONTROL_KIND_BEGIN, self.session, epoch, version,
                                             begin=pb.Begin(bucket_bytes=self.cfg.bucket_bytes)))
             keep: list[Bucket] = []
-            pending = None
+            inflight: collections.deque = collections.deque()  # (bucket index, PendingBroadcast)
+            depth = self.cfg.pipeline_depth
             nb = nt = tb = 0
             arena = self._arena
             direct = arena is not None and self.device.type == "cpu"  # the arena is the broadcast source
@@ -221,25 +223,28 @@ class WeightPublisher:
                     if group is not None and error is None:
                         self._send(members, control(K.CONTROL_KIND_BUCKET, self.session, epoch, version,
                                                     bucket=bucket_to_pb(bucket)))
-                        started = time.monotonic()
+                        started, index = time.monotonic(), bucket.index
                         try:
-                            if pending is not None:  # bucket k-1 was on the wire while k was packed
-                                pending.wait()
-                                pending = None
-                            started = time.monotonic()
+                            while len(inflight) >= depth:  # earlier buckets went out while this one was packed
+                                index, oldest = inflight.popleft()
+                                started = time.monotonic()
+                                oldest.wait()
+                            started, index = time.monotonic(), bucket.index
                             if bucket.nbytes:
-                                pending = group.post(bucket.buffer)
+                                inflight.append((bucket.index, group.post(bucket.buffer)))
                         except TransferError as e:
-                            pending = None
-                            fail(f"bucket {bucket.index}: {e}", started)
+                            inflight.clear()
+                            fail(f"bucket {index}: {e}", started)
                     if arena is not None:
                         keep.append(bucket if direct else _to_arena(bucket, arena))  # borrowed: by reference
-                if pending is not None:
+                while inflight and error is None:
+                    index, oldest = inflight.popleft()
                     started = time.monotonic()
                     try:
-                        pending.wait()
+                        oldest.wait()
                     except TransferError as e:
-                        fail(f"bucket {nb - 1}: {e}", started)
+                        inflight.clear()
+                        fail(f"bucket {index}: {e}", started)
             except PlanError as e:
                 if group is not None:
                     if error is None:
@@ -338,13 +343,15 @@ class WeightPublisher:
         key = (epoch, version)
         with self._lock:
             while True:
-                missing = [s for s in members if s.connected and key not in s.acks]
+                missing = [s for s in members if s.connected and key not in s.acks and s.served_version < version]
                 left = deadline - time.monotonic()
                 if not missing or left <= 0 or self._closed:
                     break
                 self._lock.wait(left)
-            ok = [s.replica_id for s in members if s.acks.get(key) == pb.ACK_STATUS_RECEIVED]
-            bad = [s.replica_id for s in members if s.acks.get(key) != pb.ACK_STATUS_RECEIVED]
+            got = {s.replica_id for s in members
+                   if s.acks.get(key) == pb.ACK_STATUS_RECEIVED or (version >= 0 and s.served_version >= version)}
+            ok = [s.replica_id for s in members if s.replica_id in got]
+            bad = [s.replica_id for s in members if s.replica_id not in got]
         return ok, bad
 
     # ------------------------------------------------------------------ replicas & snapshots

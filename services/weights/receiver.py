@@ -16,6 +16,7 @@ version). ``report_loaded(version)`` tells the publisher which version it serves
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -44,6 +45,7 @@ from services.weights.snapshot import parse_safetensors
 log = logging.getLogger(__name__)
 K = pb.ControlKind
 _END = object()
+_STOP = object()
 
 
 class Update:
@@ -142,6 +144,7 @@ class WeightReceiver:
         self.received_version = -1
         self.dropped_updates = 0
         self._threads: list[threading.Thread] = []
+        self._inflight: collections.deque = collections.deque()  # (Bucket, PendingBroadcast | None)
         self._pool: list[torch.Tensor] = []  # reuse_buffers: free bucket memory
         self._pool_lock = threading.Lock()
 
@@ -167,7 +170,7 @@ class WeightReceiver:
             self._call.cancel()
         if self._group is not None:
             self._group.abort("receiver closed")
-        self._msgs.put(None)
+        self._msgs.put(_STOP)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5.0)
@@ -300,12 +303,29 @@ class WeightReceiver:
             self._closed.wait(0.5)
 
     def _work_loop(self) -> None:
+        depth = self.cfg.pipeline_depth
         while True:
-            msg = self._msgs.get()
-            if msg is None or self._closed.is_set():
+            msg = None
+            if self._inflight:
+                # Post the next bucket's receive before waiting for the oldest one, when its
+                # plan is already here; otherwise complete the oldest.
+                if len(self._inflight) < depth:
+                    try:
+                        msg = self._msgs.get_nowait()
+                    except queue.Empty:
+                        pass
+            else:
+                msg = self._msgs.get()
+            if msg is _STOP or self._closed.is_set():
                 break
             try:
-                self._handle(msg)
+                if msg is None:
+                    self._complete_oldest()
+                else:
+                    if msg.kind != K.CONTROL_KIND_BUCKET:
+                        while self._inflight:  # every other message comes after the buckets
+                            self._complete_oldest()
+                    self._handle(msg)
             except WeightChannelError as e:
                 log.error("%s: %s", self.replica_id, e)
                 if isinstance(e, VersionError):
@@ -316,6 +336,7 @@ class WeightReceiver:
         self._fail_current("receiver closed")
 
     def _fail_current(self, reason: str, ack: bool = True) -> None:
+        self._inflight.clear()
         u, self._current = self._current, None
         if u is not None:
             u._fail(reason)
@@ -402,11 +423,20 @@ class WeightReceiver:
             raise PlanError(f"v{u.version}: bucket {msg.bucket.index} arrived, expected {self._next_bucket}")
         bucket = bucket_from_pb(msg.bucket)
         bucket.buffer = self._take(bucket.nbytes, self._group.device)
-        if bucket.nbytes:
-            self._group.broadcast(bucket.buffer)  # TransferError -> _work_loop fails the update
+        pending = self._group.post(bucket.buffer) if bucket.nbytes else None  # TransferError -> fail
+        self._inflight.append((bucket, pending))
         self._next_bucket += 1
         self._totals[0] += len(bucket.specs)
         self._totals[1] += sum(s.nbytes for s in bucket.specs)
+
+    def _complete_oldest(self) -> None:
+        """Wait (deadline) for the oldest posted bucket and hand it to the update."""
+        bucket, pending = self._inflight.popleft()
+        if pending is not None:
+            pending.wait()
+        u = self._current
+        if u is None:
+            return
         try:
             u._put(bucket)
         except queue.Full:
@@ -438,7 +468,7 @@ class WeightReceiver:
             raise PlanError(f"v{u.version}: END says {e.num_buckets} buckets / {e.num_tensors} tensors / "
                             f"{e.tensor_bytes} bytes, received {self._next_bucket} / {self._totals[0]} / "
                             f"{self._totals[1]}")
-        u._put(_END)
         self._current = None
         self.received_version = u.version
-        self._ack(pb.ACK_STATUS_RECEIVED, u.epoch, u.version)
+        self._ack(pb.ACK_STATUS_RECEIVED, u.epoch, u.version)  # before the consumer can finish and close
+        u._put(_END)
