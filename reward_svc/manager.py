@@ -72,12 +72,15 @@ def _plain(value: Any) -> Any:
 class RewardManager:
     """Decode + score + write scores for whole groups (thread-safe if the pool is)."""
 
-    def __init__(self, cfg: RewardConfig, decoder: Decoder, pool: SandboxPool | None = None) -> None:
+    def __init__(self, cfg: RewardConfig, decoder: Decoder, pool: SandboxPool | None = None, rm: Any = None) -> None:
         self.cfg = cfg
         self.decoder = decoder
         self.pool = pool
+        self.rm = rm  # a RewardModelScorer when cfg.reward_model.enable
         self.kwargs = dict(cfg.custom_reward_function.reward_kwargs)
-        if pool is None and (cfg.custom_reward_function.path is not None or cfg.isolate_builtin):
+        if cfg.reward_model.enable and rm is None:
+            raise ValueError("reward_model.enable needs a RewardModelScorer")
+        if rm is None and pool is None and (cfg.custom_reward_function.path is not None or cfg.isolate_builtin):
             raise ValueError("a user reward function (or isolate_builtin) needs a SandboxPool")
 
     # -- inputs ----------------------------------------------------------------------------
@@ -157,7 +160,9 @@ class RewardManager:
         for _, (responses, lengths, *_rest) in parsed:
             all_ids.extend(valid_id_lists(responses, lengths))
         texts = self.decoder.decode_batch(all_ids, skip_special_tokens=self.cfg.skip_special_tokens) if all_ids else []
-        if self.pool is None or self.cfg.reward_manager == "naive":  # one call for every sample
+        if self.rm is not None:
+            results = self._score_rm([datas[i] for i, _ in parsed], texts)
+        elif self.pool is None or self.cfg.reward_manager == "naive":  # one call for every sample
             sources = [s for _, c in parsed for s in c[2]]
             truths = [t for _, c in parsed for t in c[3]]
             extra = [e for _, c in parsed for e in c[4]]
@@ -174,6 +179,29 @@ class RewardManager:
             out[i] = self._finish(datas[i], responses, lengths, sources, results[start : start + n])
             start += n
         return out
+
+    def _score_rm(self, datas: list[Any], texts: list[str]) -> list[CallResult]:
+        """Reward-model scores of ``prompt + response`` texts (all groups at once)."""
+        prompt_ids: list[list[int]] = []
+        for data in datas:
+            batch = data.batch
+            r = batch["responses"].shape[-1]
+            if "prompts" in batch.keys():
+                prompts = batch["prompts"]
+            elif "input_ids" in batch.keys():
+                prompts = batch["input_ids"][:, :-r] if r else batch["input_ids"]
+            else:
+                prompts = batch["responses"][:, :0]
+            p = prompts.shape[-1]
+            mask = batch["attention_mask"][:, :p] if "attention_mask" in batch.keys() else torch.ones_like(prompts)
+            arr, m = prompts.numpy(), (mask != 0).numpy()
+            prompt_ids.extend(arr[i][m[i]].tolist() for i in range(arr.shape[0]))
+        prompt_texts = self.decoder.decode_batch(prompt_ids, skip_special_tokens=self.cfg.skip_special_tokens)
+        try:
+            scores = self.rm.score([p + t for p, t in zip(prompt_texts, texts, strict=True)])
+        except Exception as exc:  # noqa: BLE001 - a failed forward fails these samples, not the service
+            return [CallResult(0.0, error=f"reward model: {type(exc).__name__}: {exc}"[:2000], kind="exception")] * len(texts)
+        return [validate_result(s, 0) for s in scores]
 
     def _finish(
         self, data: Any, responses: torch.Tensor, lengths: torch.Tensor, sources: list[str], results: list[CallResult]

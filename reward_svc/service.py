@@ -57,9 +57,10 @@ class RewardServer:
         self.queue_cfg = queue_cfg
         self.consumer = consumer
         self.metrics = RewardMetrics()
-        needs_pool = cfg.custom_reward_function.path is not None or cfg.isolate_builtin
+        needs_pool = not cfg.reward_model.enable and (cfg.custom_reward_function.path is not None or cfg.isolate_builtin)
         self.pool = SandboxPool(sandbox_spec(cfg)) if needs_pool else None
-        self.manager = RewardManager(cfg, decoder, self.pool)
+        self.decoder = decoder
+        self.manager: RewardManager | None = None if cfg.reward_model.enable else RewardManager(cfg, decoder, self.pool)
         self.http: MetricsServer | None = None
         self.grpc_server: grpc.aio.Server | None = None
         self.grpc_port: int | None = None
@@ -72,6 +73,14 @@ class RewardServer:
         """Start the pool, the probes, gRPC and the queues; raise if any cannot start."""
         if self.pool is not None:  # first: a broken user function fails the start at once
             await asyncio.to_thread(self.pool.start)
+        if self.manager is None:  # the reward model is loaded before reporting ready
+            from reward_svc.reward_model import RewardModelScorer
+
+            rmc = self.cfg.reward_model
+            rm = await asyncio.to_thread(
+                RewardModelScorer, rmc.path, micro_batch_size=rmc.micro_batch_size, max_length=rmc.max_length, device=rmc.device
+            )
+            self.manager = RewardManager(self.cfg, self.decoder, rm=rm)
         await asyncio.to_thread(self._warm_up)
         self.http = MetricsServer(
             self.metrics.registry, host=self.cfg.host, port=self.cfg.metrics_port, ready=lambda: self._ready, status=self.status
@@ -130,7 +139,7 @@ class RewardServer:
             },
         )
         data = wire.decode(wire.encode(data))
-        if self.pool is None:  # a user function would be called for real: skip scoring then
+        if self.pool is None and self.manager.rm is None:  # user code / a model: not called for a dummy
             self.manager.score_many([data])
         data.select_idxs([0])
         wire.encode(data)

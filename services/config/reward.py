@@ -49,11 +49,32 @@ class CustomRewardFunction(StrictModel):
     )
 
 
+class RewardModelConfig(StrictModel):
+    """A reward model (verl's ``reward_model.enable``): replaces the rule/function scorers."""
+
+    enable: bool = Field(False, description="Score with a sequence-classification checkpoint instead of functions.")
+    path: str | None = Field(
+        None, max_length=4096, description="Local HuggingFace directory of the reward model (safetensors, its tokenizer)."
+    )
+    micro_batch_size: int = Field(16, ge=1, le=4096, description="Samples per forward pass.")
+    max_length: int = Field(2048, ge=8, le=1_048_576, description="Prompt+response tokens kept (truncated on the right).")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where the reward model runs.")
+
+    @model_validator(mode="after")
+    def _path_when_enabled(self) -> "RewardModelConfig":
+        if self.enable and not self.path:
+            raise ValueError("reward_model.enable needs reward_model.path")
+        return self
+
+
 class RewardConfig(StrictModel):
     """The reward service block of the job spec."""
 
     custom_reward_function: CustomRewardFunction = Field(
         default_factory=CustomRewardFunction, description="User reward function (verl style); default built-ins."
+    )
+    reward_model: RewardModelConfig = Field(
+        default_factory=RewardModelConfig, description="Optional reward model (replaces the scorer functions)."
     )
     reward_manager: Literal["naive", "batch"] = Field(
         "naive",
