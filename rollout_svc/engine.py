@@ -29,6 +29,7 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rollout_svc.packing import Sample
@@ -163,17 +164,23 @@ class RolloutEngine:
 
     def check_prompt(self, prompt_ids) -> str:
         """Return why ``prompt_ids`` cannot be generated from ("" when it can)."""
-        if prompt_ids is None or not hasattr(prompt_ids, "__len__"):
+        if prompt_ids is None or isinstance(prompt_ids, (str, bytes, dict)) or not hasattr(prompt_ids, "__len__"):
             return f"prompt is not a list of token ids (got {type(prompt_ids).__name__})"
         if len(prompt_ids) == 0:
             return "empty prompt"
         if len(prompt_ids) > self.cfg.prompt_length:
             return f"prompt of {len(prompt_ids)} tokens exceeds prompt_length {self.cfg.prompt_length}"
-        for t in prompt_ids:
-            if isinstance(t, bool) or not isinstance(t, (int,)) and not (hasattr(t, "dtype") and "int" in str(t.dtype)):
-                return f"prompt contains a non-integer token {t!r}"
-            if not 0 <= int(t) < self.vocab_size:
-                return f"prompt token id {int(t)} is outside the vocabulary [0, {self.vocab_size})"
+        try:
+            arr = np.asarray(prompt_ids)
+        except (ValueError, TypeError) as exc:
+            return f"prompt is not a flat list of token ids ({exc})"
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))), None)
+            return f"prompt contains a non-integer token {bad!r}"
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= self.vocab_size:
+            t = lo if lo < 0 else hi
+            return f"prompt token id {t} is outside the vocabulary [0, {self.vocab_size})"
         return ""
 
     def sampling_params(self, sampling: SamplingConfig, seed: int | None):

@@ -27,7 +27,7 @@ from pathlib import Path
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
 
 #: Qwen-style chat template: ``<|im_start|>role\ncontent<|im_end|>\n`` per message, with
 #: ``<|im_start|>assistant\n`` appended when ``add_generation_prompt`` is true.
