@@ -97,6 +97,10 @@ class RewardManager:
             raise MalformedBatchError(str(exc)) from None
         nt = data.non_tensor_batch
         key = self.cfg.reward_fn_key
+        if self.rm is not None:  # a reward model needs neither a task name nor a ground truth
+            b = responses.shape[0]
+            sources = [str(s) for s in nt[key].tolist()] if key in nt else ["reward_model"] * b
+            return responses, lengths, sources, [None] * b, [None] * b
         if key not in nt:
             raise MalformedBatchError(f"non-tensor column {key!r} (reward_fn_key) is missing")
         if "reward_model" not in nt:

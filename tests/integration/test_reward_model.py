@@ -74,7 +74,10 @@ async def test_service_loads_the_reward_model_before_ready(rm_dir, tiny_model):
     server = await RewardServer(cfg, load_decoder(tiny_model)).start()
     try:
         assert server.manager.rm is not None
-        frame, rep = server.score_frame(bytes(wire.encode(make_group(tiny_model, ["a", "b"], ["x", "y"]))))
+        g = make_group(tiny_model, ["a", "b"], ["x", "y"])
+        g.non_tensor_batch.pop("reward_model")  # not needed by a reward model
+        g.non_tensor_batch.pop("data_source")
+        frame, rep = server.score_frame(bytes(wire.encode(g)))
         out = wire.decode(bytearray(frame))
         assert out.batch["token_level_scores"].sum(-1).tolist() == pytest.approx(rep.scores)
         assert rep.error_kinds == [None, None]
