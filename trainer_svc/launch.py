@@ -4,7 +4,7 @@ The parent picks a free rendezvous port, starts one child per rank with ``RANK``
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set (``init_process_group``
 then meets through a TCPStore on rank 0), forwards SIGTERM/SIGINT to them, and if any
 rank fails it terminates the rest (then kills them after a grace period). Returns the
-first non-zero exit code, or 0. On Linux a rank also gets SIGTERM if the launcher itself
+first non-zero exit code (``128 + N`` for a rank killed by signal N, as shells do), or 0. On Linux a rank also gets SIGTERM if the launcher itself
 dies (``PR_SET_PDEATHSIG``), so no rank outlives it.
 """
 
@@ -70,7 +70,7 @@ def spawn_ranks(
             codes = [p.poll() for p in procs]
             failed = [c for c in codes if c not in (None, 0)]
             if failed and code == 0:
-                code = failed[0]
+                code = failed[0] if failed[0] > 0 else 128 - failed[0]  # killed by signal N -> 128+N
                 _stop(procs, grace_s)
             if all(c is not None for c in codes):
                 break
