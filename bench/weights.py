@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--receivers", type=int, default=2, help="receiver processes (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="rounds; the best of each method counts (default 3)")
     p.add_argument("--timeout", type=float, default=120.0, help="transfer deadline in seconds")
+    p.add_argument("--pipeline-depth", type=int, default=None,
+                   help="broadcasts in flight per side (default: the config's)")
     p.add_argument("--copy", action="store_true",
                    help="publish with borrow=False (every byte packed into the publisher's buffers)")
     p.add_argument("--role", choices=["main", "receiver"], default="main", help=argparse.SUPPRESS)
@@ -50,6 +52,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--address", default="", help=argparse.SUPPRESS)
     p.add_argument("--replica-id", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def channel_overrides(args: argparse.Namespace) -> dict:
+    """WeightChannelConfig fields both sides take from the command line."""
+    extra = {"transfer_timeout_s": args.timeout}
+    if args.pipeline_depth is not None:
+        extra["pipeline_depth"] = args.pipeline_depth
+    return extra
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
@@ -73,7 +83,7 @@ def receiver(args: argparse.Namespace) -> int:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     # reuse_buffers: bucket memory is recycled as the consumer moves on (what a vLLM replica
     # that copies each tensor into its parameters would use); the TCP side reuses its buffer too.
-    rx = WeightReceiver(WeightChannelConfig(transfer_timeout_s=args.timeout, reuse_buffers=True), args.replica_id,
+    rx = WeightReceiver(WeightChannelConfig(reuse_buffers=True, **channel_overrides(args)), args.replica_id,
                         address=args.address).connect()
     buf = None
     sock.sendall(b"R")  # subscribed
@@ -120,7 +130,7 @@ def main() -> int:
     print(f"payload: {count} float32 tensors of {args.tensor_mb:g} MiB = {gib:.3f} GiB, "
           f"{args.receivers} receivers, bucket {args.bucket_mb:g} MiB, {args.rounds} rounds", flush=True)
 
-    cfg = WeightChannelConfig(control_port=0, bucket_mb=args.bucket_mb, transfer_timeout_s=args.timeout)
+    cfg = WeightChannelConfig(control_port=0, bucket_mb=args.bucket_mb, **channel_overrides(args))
     pub = WeightPublisher(cfg).start()
     srv = socket.create_server(("127.0.0.1", 0))
     procs = []
@@ -131,6 +141,8 @@ def main() -> int:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--role", "receiver", "--tcp-port",
                    str(srv.getsockname()[1]), "--address", pub.control_address, "--replica-id", f"bench-{i}",
                    "--rounds", str(args.rounds), "--timeout", str(args.timeout)]
+            if args.pipeline_depth is not None:
+                cmd += ["--pipeline-depth", str(args.pipeline_depth)]
             procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT))
         srv.settimeout(args.timeout)
         for _ in procs:
