@@ -8,6 +8,7 @@ reply was lost are recovered by re-reading this consumer's own leases.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -28,6 +29,25 @@ class BrokerUnreachable(ConnectionError):
     """A call to the broker failed in a way worth retrying (it may be restarting)."""
 
 
+class _Connection:
+    """One grpc.aio channel to the broker and the calls made on it."""
+
+    def __init__(self, address: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.channel = grpc.aio.insecure_channel(address, options=grpc_options())
+        self.stub = queue_pb2_grpc.QueueServiceStub(self.channel)
+        svc = "/meshrl.v1.QueueService/"
+        deliveries = chunk_deserializer(DELIVERY_CHUNK_FIELD, queue_pb2.QueueDelivery)
+        self.put = self.channel.stream_unary(
+            svc + "Put", request_serializer=chunk_serializer(PUT_CHUNK_FIELD),
+            response_deserializer=queue_pb2.QueuePutReply.FromString)
+        self.get = self.channel.unary_stream(
+            svc + "Get", request_serializer=queue_pb2.QueueGetRequest.SerializeToString, response_deserializer=deliveries)
+        self.reclaim = self.channel.unary_stream(
+            svc + "Reclaim", request_serializer=queue_pb2.QueueReclaimRequest.SerializeToString,
+            response_deserializer=deliveries)
+
+
 class EmbeddedQueue(Queue):
     """A stream on the embedded broker at ``cfg.address``."""
 
@@ -37,23 +57,25 @@ class EmbeddedQueue(Queue):
                  metrics: QueueMetrics | None = None) -> None:
         super().__init__(cfg, stream=stream, group=group, consumer=consumer, metrics=metrics)
         self.cfg: EmbeddedQueueConfig = cfg
-        self._channel = grpc.aio.insecure_channel(cfg.address, options=grpc_options())
-        self._stub = queue_pb2_grpc.QueueServiceStub(self._channel)
-        svc = "/meshrl.v1.QueueService/"
-        deliveries = chunk_deserializer(DELIVERY_CHUNK_FIELD, queue_pb2.QueueDelivery)
-        self._put_rpc = self._channel.stream_unary(
-            svc + "Put", request_serializer=chunk_serializer(PUT_CHUNK_FIELD),
-            response_deserializer=queue_pb2.QueuePutReply.FromString)
-        self._get_rpc = self._channel.unary_stream(
-            svc + "Get", request_serializer=queue_pb2.QueueGetRequest.SerializeToString, response_deserializer=deliveries)
-        self._reclaim_rpc = self._channel.unary_stream(
-            svc + "Reclaim", request_serializer=queue_pb2.QueueReclaimRequest.SerializeToString,
-            response_deserializer=deliveries)
+        self._conn: _Connection | None = None  # opened on first use, on the loop that uses it
         self._recover = False
         self._held: set[str] = set()
 
+    @property
+    def _rpc(self) -> "_Connection":
+        """The gRPC channel and its calls, bound to the running event loop.
+
+        grpc.aio channels belong to the loop they were made on; a queue built outside a loop
+        (or used from a new one) opens its channel lazily, on the loop that first uses it."""
+        loop = asyncio.get_running_loop()
+        if self._conn is None or self._conn.loop is not loop:
+            self._conn = _Connection(self.cfg.address, loop)
+        return self._conn
+
     async def close(self) -> None:
-        await self._channel.close()
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.loop is asyncio.get_running_loop():
+            await conn.channel.close()
 
     def _on_disconnect(self) -> None:
         self._recover = True
@@ -89,7 +111,7 @@ class EmbeddedQueue(Queue):
                 for off in range(0, n, cs):
                     yield view[off : off + cs]  # framed as QueuePutMessage.chunk by the serializer
 
-        reply = await self._call(self._put_rpc(messages(), timeout=cfg.op_timeout_s + _PUT_WAIT_S))
+        reply = await self._call(self._rpc.put(messages(), timeout=cfg.op_timeout_s + _PUT_WAIT_S))
         return PutOutcome([i or None for i in reply.entry_ids], reply.gaps)
 
     # ------------------------------------------------------------------ get
@@ -141,7 +163,7 @@ class EmbeddedQueue(Queue):
     async def _read(self, max_items: int, timeout_s: float) -> list[RawLeased]:
         cfg = self.cfg
         if self._recover:
-            got = await self._collect(self._reclaim_rpc(queue_pb2.QueueReclaimRequest(
+            got = await self._collect(self._rpc.reclaim(queue_pb2.QueueReclaimRequest(
                 stream=self.stream, group=self.group, consumer=self.consumer, min_idle_ms=0, max_items=max_items,
                 dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes, own_only=True,
                 exclude_ids=sorted(self._held)), timeout=cfg.op_timeout_s))
@@ -149,14 +171,14 @@ class EmbeddedQueue(Queue):
             if got:
                 return got
         wait = min(timeout_s, cfg.op_timeout_s / 2)
-        return await self._collect(self._get_rpc(queue_pb2.QueueGetRequest(
+        return await self._collect(self._rpc.get(queue_pb2.QueueGetRequest(
             stream=self.stream, group=self.group, consumer=self.consumer, max_items=max_items,
             wait_ms=int(wait * 1000), dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes),
             timeout=wait + cfg.op_timeout_s))
 
     async def _claim_idle(self, min_idle_s: float, max_items: int) -> list[RawLeased]:
         cfg = self.cfg
-        return await self._collect(self._reclaim_rpc(queue_pb2.QueueReclaimRequest(
+        return await self._collect(self._rpc.reclaim(queue_pb2.QueueReclaimRequest(
             stream=self.stream, group=self.group, consumer=self.consumer, min_idle_ms=int(min_idle_s * 1000),
             max_items=max_items, dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes),
             timeout=cfg.op_timeout_s))
@@ -164,7 +186,7 @@ class EmbeddedQueue(Queue):
     # ------------------------------------------------------------------ ack / depth / ledger
     async def _ack_once(self, items: Sequence[RawLeased], stage: str | None) -> int:
         sids = [s for r in items for s, f in zip(r.sample_ids, r.fresh, strict=False) if f] if stage else []
-        reply = await self._call(self._stub.Ack(queue_pb2.QueueAckRequest(
+        reply = await self._call(self._rpc.stub.Ack(queue_pb2.QueueAckRequest(
             stream=self.stream, group=self.group, entry_ids=[r.id for r in items], stage=stage or "",
             sample_ids=sids, ledger_max=self.cfg.ledger_max_entries), timeout=self.cfg.op_timeout_s))
         for r in items:
@@ -172,16 +194,16 @@ class EmbeddedQueue(Queue):
         return reply.acked
 
     async def _depth_once(self) -> int:
-        reply = await self._call(self._stub.Depth(queue_pb2.QueueDepthRequest(stream=self.stream),
+        reply = await self._call(self._rpc.stub.Depth(queue_pb2.QueueDepthRequest(stream=self.stream),
                                                   timeout=self.cfg.op_timeout_s))
         return int(reply.depth)
 
     async def _record_once(self, sample_ids: Sequence[str], stage: str) -> None:
-        await self._call(self._stub.RecordStage(queue_pb2.QueueRecordStageRequest(
+        await self._call(self._rpc.stub.RecordStage(queue_pb2.QueueRecordStageRequest(
             sample_ids=list(sample_ids), stage=stage, ledger_max=self.cfg.ledger_max_entries),
             timeout=self.cfg.op_timeout_s))
 
     async def _stages_once(self, sample_ids: Sequence[str]) -> list[str | None]:
-        reply = await self._call(self._stub.GetStages(queue_pb2.QueueGetStagesRequest(sample_ids=list(sample_ids)),
+        reply = await self._call(self._rpc.stub.GetStages(queue_pb2.QueueGetStagesRequest(sample_ids=list(sample_ids)),
                                                       timeout=self.cfg.op_timeout_s))
         return [s or None for s in reply.stages]
