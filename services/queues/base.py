@@ -268,6 +268,8 @@ class Queue(ABC):
                 n = len(res.ids)
                 if res.gaps:
                     self._rec.inc("seq_gaps", res.gaps)
+                    log.warning("queue %s: the backend had lost %d of producer %s's earlier items (sequence gap)",
+                                self.stream, res.gaps, self.producer_id)
                 self._rec.inc("put", sum(1 for i in res.ids if i is not None))
                 self._rec.inc("seq_duplicates", sum(1 for i in res.ids if i is None))
                 out.extend(res.ids)

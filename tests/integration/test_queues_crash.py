@@ -118,3 +118,16 @@ async def test_server_killed_and_restarted_mid_stream(durable_env):
     assert p.stats()["seq_gaps"] == 0
     await p.close()
     await c.close()
+
+
+async def test_a_server_that_lost_its_data_shows_up_as_a_sequence_gap(env, caplog):
+    p = env.queue(consumer="p", op_timeout_s=30)
+    await p.put([group([f"lost{i}"]) for i in range(5)])
+    await asyncio.to_thread(env.server.restart)  # in memory only: the five items are gone
+    await p.put([group(["after"])])
+    assert p.stats()["seq_gaps"] == 5
+    assert any("sequence gap" in r.getMessage() for r in caplog.records)
+    c = env.queue(consumer="c")
+    assert await drain(c, 1, rounds=5) == ["after"]
+    await p.close()
+    await c.close()
