@@ -256,14 +256,19 @@ def test_update_while_generating(rig, tiny_model: str, mode: str) -> None:
         engine.cfg.on_weight_update = "finish"
 
 
-@pytest.mark.redis
-def test_stream_loop_over_redis(rig, tiny_model: str, redis_server) -> None:
+@pytest.mark.parametrize("backend", [pytest.param("redis", marks=pytest.mark.redis), "embedded"])
+def test_stream_loop(rig, tiny_model: str, backend: str, request) -> None:
+    """prompts -> replica -> rollouts over a real queue backend (a private redis-server, or
+    the embedded gRPC broker process): every group delivered, every prompt item acked."""
     from rollout_svc.replica import Replica
     from services.config.queues import parse_queue_config
     from services.queues import make_queue
 
     el, engine, _ = rig
-    qcfg = parse_queue_config({"type": "redis", "url": redis_server.url})
+    if backend == "redis":
+        qcfg = parse_queue_config({"type": "redis", "url": request.getfixturevalue("redis_server").url})
+    else:
+        qcfg = parse_queue_config({"type": "embedded", "address": request.getfixturevalue("broker").address})
     prompt = _prompt(tiny_model)
 
     async def scenario():
