@@ -70,7 +70,20 @@ class RewardServer:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> "RewardServer":
-        """Start the pool, the probes, gRPC and the queues; raise if any cannot start."""
+        """Start the probes (``/ready`` is 503 until the end), the sandbox pool (or the reward
+        model), gRPC and the queues; on failure, release what was started and raise."""
+        self.http = MetricsServer(
+            self.metrics.registry, host=self.cfg.host, port=self.cfg.metrics_port, ready=lambda: self._ready, status=self.status
+        ).start()
+        try:
+            await self._start_rest()
+        except BaseException:
+            await self.stop()
+            raise
+        self._ready = True
+        return self
+
+    async def _start_rest(self) -> None:
         if self.pool is not None:  # first: a broken user function fails the start at once
             await asyncio.to_thread(self.pool.start)
         if self.manager is None:  # the reward model is loaded before reporting ready
@@ -82,9 +95,6 @@ class RewardServer:
             )
             self.manager = RewardManager(self.cfg, self.decoder, rm=rm)
         await asyncio.to_thread(self._warm_up)
-        self.http = MetricsServer(
-            self.metrics.registry, host=self.cfg.host, port=self.cfg.metrics_port, ready=lambda: self._ready, status=self.status
-        ).start()
         if self.cfg.grpc_port is not None:
             await self._start_grpc()
         if self.queue_cfg is not None:
@@ -95,21 +105,23 @@ class RewardServer:
             )
             self._outq = make_queue(self.queue_cfg, stream=self.cfg.output_stream, group=self.cfg.output_group, consumer=self.consumer)
             await self._inq.depth()  # fail fast if the backend is unreachable
-        self._ready = True
-        return self
 
     async def stop(self) -> None:
-        """Stop serving and release everything this instance started."""
+        """Stop serving and release everything this instance started (idempotent)."""
         self._ready = False
-        if self.grpc_server is not None:
-            await self.grpc_server.stop(grace=1.0)
-        for q in (self._inq, self._outq):
+        grpc_server, self.grpc_server = self.grpc_server, None
+        if grpc_server is not None:
+            await grpc_server.stop(grace=1.0)
+        queues, self._inq, self._outq = (self._inq, self._outq), None, None
+        for q in queues:
             if q is not None:
                 await q.close()
-        if self.http is not None:
-            self.http.stop()
-        if self.pool is not None:
-            await asyncio.to_thread(self.pool.close)
+        http, self.http = self.http, None
+        if http is not None:
+            http.stop()
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await asyncio.to_thread(pool.close)
 
     def status(self) -> dict[str, Any]:
         """The /status JSON: mean score per data source, sandbox state."""
