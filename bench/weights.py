@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tensor-mb", type=float, default=16.0, help="size of each tensor in MiB (default 16)")
     p.add_argument("--bucket-mb", type=float, default=64.0, help="weight channel bucket size in MiB (default 64)")
     p.add_argument("--receivers", type=int, default=2, help="receiver processes (default 2)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds; the best of each method counts (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; the best of each method counts (default 5)")
     p.add_argument("--timeout", type=float, default=120.0, help="transfer deadline in seconds")
     p.add_argument("--pipeline-depth", type=int, default=None,
                    help="broadcasts in flight per side (default: the config's)")

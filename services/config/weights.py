@@ -42,7 +42,7 @@ class WeightChannelConfig(StrictModel):
         "a bucket of its own instead of being copied into a packed bucket.",
     )
     pipeline_depth: int = Field(
-        2,
+        3,
         ge=1,
         le=16,
         description="Broadcasts in flight at once on each side: bucket k+1 is already posted while "
