@@ -54,13 +54,18 @@ class UpdateResult:
 
 
 def forward_log_probs(
-    module: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool
+    module: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    calculate_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Run the causal LM over ``input_ids`` and score ``responses``.
 
     Only the last ``R + 1`` positions go through the LM head (``logits_to_keep``), so the
     prompt costs no vocabulary projection. Returns ``(entropy [B, R] or None, log_probs
-    [B, R])`` in float32, computed from ``logits / temperature``.
+    [B, R])`` in float32, computed from ``logits / temperature``. With ``entropy_grad=False``
+    the entropy is a detached metric (no backward through the extra softmax).
     """
     responses = batch["responses"]
     r = responses.shape[1]
@@ -78,7 +83,8 @@ def forward_log_probs(
     log_probs = torch.gather(logits, -1, responses.unsqueeze(-1)).squeeze(-1) - logz
     entropy = None
     if calculate_entropy:
-        entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return entropy, log_probs
 
 
@@ -277,7 +283,9 @@ class DataParallelPPOActor:
             index = torch.tensor(idx, dtype=torch.long)
             mb = {k: v[index].to(dev) for k, v in mini.batch.items()}
             mask = mb["response_mask"]
-            entropy, log_prob = forward_log_probs(self.module, mb, temperature, calculate_entropy=True)
+            entropy, log_prob = forward_log_probs(
+                self.module, mb, temperature, calculate_entropy=True, entropy_grad=c.entropy_coeff != 0
+            )
             weights = None
             if use_rollout:
                 weights = self._off_policy_weights(mb["old_log_probs"], mb["rollout_log_probs"], mask)
