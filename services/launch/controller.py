@@ -158,6 +158,8 @@ class JobController:
         if queues_cfg.type == "embedded":
             queues_cfg = queues_cfg.model_copy(update={"address": f"{spec.services.host}:{self.broker_port}"})
         prompts = make_queue(queues_cfg, stream="prompts", group="controller", consumer="feeder")
+        watched = {name: make_queue(queues_cfg, stream=name, group=group, consumer="controller")
+                   for name, group in (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))}
         feeder = self._make_feeder(prompts)
         trainer_url = yaml.safe_load((self.run_dir / "configs" / "trainer.yaml").read_text())["trainer"]
         trainer_url = f"http://{spec.services.host}:{trainer_url['metrics_port']}"
@@ -188,30 +190,28 @@ class JobController:
                     bar.update(last["step"] - bar.n)
                     bar.set_postfix(reward=f"{last['reward_mean']:.3f}", staleness=f"{last['staleness']:.2f}",
                                     tok_s=f"{last['tokens_per_s']:.0f}")
-                self._write_status(feeder=feeder)
+                self._write_status(feeder=feeder, queues=await self._depths(watched))
                 await asyncio.sleep(self.poll_s)
         finally:
             if bar is not None:
                 bar.close()
             await prompts.close()
+            for q in watched.values():
+                await q.close()
+
+    async def _depths(self, queues: dict) -> dict[str, int]:
+        out = {}
+        for name, q in queues.items():
+            try:
+                out[name] = int(await asyncio.wait_for(q.depth(), timeout=2.0))
+            except Exception:  # noqa: BLE001 - a depth we cannot read is left out, never fatal
+                pass
+        return out
 
     def _make_feeder(self, queue):
-        from transformers import AutoTokenizer
+        from services.launch.feeder import build_feeder
 
-        from services.data.prompts import PromptDataset
-        from services.launch.feeder import PromptFeeder
-
-        spec = self.spec
-        tok = AutoTokenizer.from_pretrained(spec.model.tokenizer_path or spec.model.path,
-                                            trust_remote_code=spec.model.trust_remote_code)
-        ds = PromptDataset(spec.data.train_files, tok, max_prompt_length=spec.data.max_prompt_length,
-                           truncation=spec.data.truncation, filter_overlong_prompts=spec.data.filter_overlong_prompts,
-                           prompt_key=spec.data.prompt_key)
-        if ds.num_filtered:
-            self._log(f"filtered {ds.num_filtered} over-long prompts (data.max_prompt_length={spec.data.max_prompt_length})")
-        in_flight = (spec.async_.max_staleness + 1) * spec.data.train_batch_size
-        return PromptFeeder(ds, queue, n=spec.rollout.n, max_in_flight=in_flight, shuffle=spec.data.shuffle,
-                            seed=spec.data.seed, job=spec.name)
+        return build_feeder(self.spec, queue, log=self._log)
 
     # ------------------------------------------------------------------ helpers
 
@@ -230,14 +230,14 @@ class JobController:
         for p in sorted(self.procs, key=lambda p: p.name != "trainer"):
             p.stop(grace=30.0 if p.name == "trainer" else 15.0)
 
-    def _write_status(self, feeder=None) -> None:
+    def _write_status(self, feeder=None, queues: dict | None = None) -> None:
         last = self.history.steps[-1] if self.history.steps else {}
         status = {
             "state": self.state, "detail": self.detail, "step": last.get("step", 0),
             "total_steps": self.spec.trainer.total_steps, "reward_mean": last.get("reward_mean"),
             "staleness": last.get("staleness"), "tokens_per_s": last.get("tokens_per_s"),
             "prompts_fed": feeder.state.fed if feeder else None, "elapsed_s": round(time.monotonic() - self._t0, 1),
-            "pid": os.getpid(),
+            "pid": os.getpid(), "queues": queues or {},
         }
         tmp = self.run_dir / "status.json.tmp"
         tmp.write_text(json.dumps(status))

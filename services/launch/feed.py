@@ -33,12 +33,12 @@ async def feed(spec, trainer_metrics: str, poll: float, stop, gauges) -> None:
     """Top the prompts stream up until ``stop`` is set."""
     import asyncio
 
-    from services.launch.controller import JobController
+    from services.launch.feeder import build_feeder
     from services.launch.report import scrape
     from services.queues import make_queue
 
     queue = make_queue(spec.queues, stream="prompts", group="controller", consumer="feeder")
-    feeder = JobController(spec, "/tmp", progress=False)._make_feeder(queue)
+    feeder = build_feeder(spec, queue)
     n = spec.rollout.n
     try:
         while not stop.is_set():

@@ -93,3 +93,23 @@ class PromptFeeder:
             put += k
             want -= k
         return put
+
+
+def build_feeder(spec, queue, *, log=print) -> PromptFeeder:
+    """The feeder of job ``spec`` (a JobSpec) on ``queue``: the training files through
+    :class:`~services.data.prompts.PromptDataset` with the job's tokenizer, admission limit
+    ``(async.max_staleness + 1) * data.train_batch_size`` prompts."""
+    from transformers import AutoTokenizer
+
+    from services.data.prompts import PromptDataset
+
+    tok = AutoTokenizer.from_pretrained(spec.model.tokenizer_path or spec.model.path,
+                                        trust_remote_code=spec.model.trust_remote_code)
+    ds = PromptDataset(spec.data.train_files, tok, max_prompt_length=spec.data.max_prompt_length,
+                       truncation=spec.data.truncation, filter_overlong_prompts=spec.data.filter_overlong_prompts,
+                       prompt_key=spec.data.prompt_key)
+    if ds.num_filtered:
+        log(f"filtered {ds.num_filtered} over-long prompts (data.max_prompt_length={spec.data.max_prompt_length})")
+    in_flight = (spec.async_.max_staleness + 1) * spec.data.train_batch_size
+    return PromptFeeder(ds, queue, n=spec.rollout.n, max_in_flight=in_flight, shuffle=spec.data.shuffle,
+                        seed=spec.data.seed, job=spec.name)
