@@ -56,7 +56,12 @@ class StepResult:
 
 
 class TrainerWorker:
-    """Builds the actor (and reference / critic) for one rank from the spec."""
+    """Builds the actor (and reference / critic) for one rank from the spec.
+
+    Model collectives (FSDP2 all-gather / reduce-scatter) run on the device mesh's group
+    (nccl on GPU); the host-side ones the actor and the shard plan issue on CPU tensors
+    (token counts, NaN flags, metrics, gathered log-probs) run on ``ctx.cpu_group`` (gloo).
+    """
 
     def __init__(self, spec: TrainerServiceSpec, ctx: DistContext) -> None:
         self.spec = spec
@@ -76,13 +81,13 @@ class TrainerWorker:
             self.optimizer,
             self.lr_scheduler,
             mini_batch_size=local_mini_batch_size(a.ppo_mini_batch_size, spec.rollout_n, ctx.world_size),
-            group=ctx.group,
+            group=ctx.cpu_group,
             off_policy=spec.algorithm.off_policy,
         )
         self.ref: ReferencePolicy | None = None
         if spec.use_ref:
             ref_model = shard_model(load_causal_lm(spec.model_path, spec.dtype, device=ctx.device), ctx.mesh)
-            self.ref = ReferencePolicy(ref_model, a, spec.ref, group=ctx.group)
+            self.ref = ReferencePolicy(ref_model, a, spec.ref, group=ctx.cpu_group)
         self.critic: DataParallelPPOCritic | None = None
         self.critic_optimizer = self.critic_scheduler = None
         if spec.use_critic:
@@ -96,7 +101,7 @@ class TrainerWorker:
                 self.critic_optimizer,
                 self.critic_scheduler,
                 mini_batch_size=local_mini_batch_size(c.ppo_mini_batch_size, spec.rollout_n, ctx.world_size),
-                group=ctx.group,
+                group=ctx.cpu_group,
             )
         self.kl_ctrl = core_algos.get_kl_controller(spec.algorithm.kl_ctrl) if spec.algorithm.use_kl_in_reward else None
         self.version = 0
@@ -113,17 +118,17 @@ class TrainerWorker:
         plan = ShardPlan.build(batch, ctx.world_size)
         local = plan.local(batch, ctx.rank)
         old_lp, entropy = self.actor.compute_log_prob(local, calculate_entropy=True)
-        batch.batch["old_log_probs"] = plan.gather(old_lp, ctx.group)
+        batch.batch["old_log_probs"] = plan.gather(old_lp, ctx.cpu_group)
         metrics: dict[str, float] = {}
         if entropy is not None:
-            full_ent = plan.gather(entropy, ctx.group)
+            full_ent = plan.gather(entropy, ctx.cpu_group)
             if "response_mask" not in batch.batch.keys():
                 batch.batch["response_mask"] = core_algos.compute_response_mask(batch)
             metrics["actor/old_entropy"] = float(core_algos.masked_mean(full_ent, batch.batch["response_mask"]))
         if self.ref is not None:
-            batch.batch["ref_log_prob"] = plan.gather(self.ref.compute_ref_log_prob(local), ctx.group)
+            batch.batch["ref_log_prob"] = plan.gather(self.ref.compute_ref_log_prob(local), ctx.cpu_group)
         if self.critic is not None:
-            batch.batch["values"] = plan.gather(self.critic.compute_values(local), ctx.group)
+            batch.batch["values"] = plan.gather(self.critic.compute_values(local), ctx.cpu_group)
         t1 = time.perf_counter()
         batch, adv_metrics = compute_advantage(batch, spec.algorithm, self.kl_ctrl)
         metrics.update(adv_metrics)
