@@ -68,6 +68,42 @@ def _column(data: DataProto, key: str) -> np.ndarray | None:
     return data.non_tensor_batch.get(key) if data.non_tensor_batch is not None else None
 
 
+#: Tensor columns every experience item must carry (see docs/contracts.md, "experience").
+REQUIRED = ("input_ids", "attention_mask", "position_ids", "responses", "token_level_scores", "policy_version")
+
+
+def validate_experience(data: DataProto) -> None:
+    """Check an experience group has the columns and shapes training needs.
+
+    ``input_ids``/``attention_mask``/``position_ids`` ``[n, L]``, ``responses`` and
+    ``token_level_scores`` (and ``response_mask`` if present) ``[n, R]`` with ``R < L``,
+    ``policy_version`` ``[n]``; raises ``ValueError`` naming the first bad column.
+    """
+    if data.batch is None or len(data) == 0:
+        raise ValueError("experience item has no rows")
+    keys = set(data.batch.keys())
+    for key in REQUIRED:
+        if key not in keys:
+            raise ValueError(f"experience item lacks column {key!r}")
+    n = len(data)
+    seq = data.batch["input_ids"]
+    if seq.dim() != 2:
+        raise ValueError(f"input_ids must be [n, L], got {tuple(seq.shape)}")
+    r = data.batch["responses"].shape[-1] if data.batch["responses"].dim() == 2 else -1
+    if r < 1 or r >= seq.shape[1]:
+        raise ValueError(f"responses must be [n, R] with 0 < R < L={seq.shape[1]}, got {tuple(data.batch['responses'].shape)}")
+    for key in ("attention_mask", "position_ids"):
+        if tuple(data.batch[key].shape) != tuple(seq.shape):
+            raise ValueError(f"{key} must match input_ids {tuple(seq.shape)}, got {tuple(data.batch[key].shape)}")
+    for key in ("token_level_scores", "response_mask", "rollout_log_probs"):
+        if key in keys and tuple(data.batch[key].shape) != (n, r):
+            raise ValueError(f"{key} must be [{n}, {r}], got {tuple(data.batch[key].shape)}")
+    if data.batch["policy_version"].numel() != n:
+        raise ValueError(f"policy_version must be [{n}], got {tuple(data.batch['policy_version'].shape)}")
+    if not torch.equal(seq[:, -r:], data.batch["responses"]):
+        raise ValueError("responses must equal the last R columns of input_ids")
+
+
 def _count(c: IntakeCounters, pending: PendingBatch, applied: bool, groups: int) -> None:
     c.groups += groups
     if applied:
@@ -117,10 +153,11 @@ class QueueIntake:
         return out
 
     def _screen(self, data: DataProto, current_version: int) -> tuple[torch.Tensor, list[int], int, int]:
-        """Keep-mask over rows, staleness of kept rows, and how many rows were stale / errored."""
+        """Keep-mask over rows, staleness of kept rows, and how many rows were stale / errored.
+
+        Raises ``ValueError`` naming the column when the item cannot be trained on."""
+        validate_experience(data)
         n = len(data)
-        if "policy_version" not in data.batch.keys():
-            raise ValueError("experience item has no policy_version column")
         versions = data.batch["policy_version"].long().reshape(n)
         lag = current_version - versions
         stale = lag > self.max_staleness

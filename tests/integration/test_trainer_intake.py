@@ -110,3 +110,23 @@ async def test_skipped_nonfinite_step_is_recorded_honestly(redis_server):
     assert intake.counters.samples_nonfinite == 2 and intake.counters.samples_trained == 0
     await producer.close()
     await consumer.close()
+
+
+async def test_malformed_items_are_dropped_with_a_reason_and_training_goes_on(redis_server, caplog):
+    producer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    no_scores = _group("no-scores", [0, 0])
+    no_scores.pop(batch_keys=["token_level_scores"])
+    bad_shape = _group("bad-shape", [0, 0])
+    bad_shape.batch["responses"] = bad_shape.batch["responses"].flip(-1)  # no longer the tail of input_ids
+    await producer.put([no_scores, bad_shape, _group("good", [0, 0])])
+    intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2)
+    with caplog.at_level("ERROR"):
+        pending = await intake.next_batch(0, timeout=10)
+    assert list(pending.data.non_tensor_batch["uid"]) == ["good", "good"]
+    assert intake.counters.dropped_error == 4
+    assert "token_level_scores" in caplog.text and "last R columns" in caplog.text
+    assert await consumer.stages(["no-scores/0", "bad-shape/1"]) == {"no-scores/0": "dropped", "bad-shape/1": "dropped"}
+    await producer.close()
+    await consumer.close()
