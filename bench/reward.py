@@ -149,7 +149,7 @@ def inline_score(groups, decode_one) -> tuple[float, list[float]]:
     return time.perf_counter() - t0, scores
 
 
-async def service_run(groups, tok_dir: str, work, args) -> tuple[float, list[float]]:
+async def service_run(frames: list, tok_dir: str, work, args) -> tuple[float, list[float]]:
     """Pre-fill ``rollouts``, run the service processes, time until ``experience`` holds all."""
     import asyncio
     import os
@@ -170,11 +170,7 @@ async def service_run(groups, tok_dir: str, work, args) -> tuple[float, list[flo
     qcfg = RedisQueueConfig(url=redis.url, namespace="bench", max_depth=10_000_000, large_frame_bytes=16384)
     producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="bench-producer")
     trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="bench-trainer")
-    from services import wire
-    from services.queues import RawItem
-
-    # the rollout side's work (encoding each group into a frame) is done before the clock starts
-    frames = [RawItem(wire.encode(g), tuple(g.non_tensor_batch["sample_id"].tolist())) for g in groups]
+    want = len(frames)
     try:
         cfg = {
             "reward": {"tokenizer_path": tok_dir, "get_batch": args.get_batch, "get_timeout_s": 0.5, "grpc_port": None},
@@ -193,10 +189,11 @@ async def service_run(groups, tok_dir: str, work, args) -> tuple[float, list[flo
             if not line.startswith("reward ready"):
                 raise RuntimeError(f"reward service did not start: {line!r}")
         t0 = time.perf_counter()
-        for i in range(0, len(frames), 64):  # queue in: the frames go into Redis while the services consume
-            await producer.put_frames(frames[i : i + 64])
+        while frames:  # queue in: the frames go into Redis while the services consume
+            chunk, frames[:64] = frames[:64], []  # (and leave this process's memory)
+            await producer.put_frames(chunk)
+        del chunk
         t_put = time.perf_counter() - t0
-        want = len(groups)
         deadline = time.monotonic() + 1800
         while True:
             if await producer.depth() == 0 and await trainer.depth() >= want:
@@ -270,7 +267,14 @@ def main() -> None:
         print(f"inline tokenizers-decode samples_per_s={n / t_raw:.0f}", flush=True)
         inline_sps = n / min(t_hf, t_raw)
 
-        t_svc, s_svc = asyncio.run(service_run(groups, str(tok_dir), work, args))
+        from services import wire
+        from services.queues import RawItem
+
+        # the rollout side's work (encoding each group into a frame) is done before the clock
+        # starts; the DataProtos are dropped to keep this process small (Redis holds a copy)
+        frames = [RawItem(wire.encode(g), tuple(g.non_tensor_batch["sample_id"].tolist())) for g in groups]
+        del groups
+        t_svc, s_svc = asyncio.run(service_run(frames, str(tok_dir), work, args))
         svc_sps = n / t_svc
         wrong = sum(1 for a, b in zip(s_svc, expected, strict=True) if a != b)
         print(f"service procs={args.procs} seconds={t_svc:.2f} samples_per_s={svc_sps:.0f} wrong_scores={wrong}", flush=True)
