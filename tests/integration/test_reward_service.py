@@ -22,7 +22,7 @@ from services.config.reward import RewardConfig
 from services.queues import make_queue
 from tests.unit.reward_common import last_valid_index, make_group, write_tokenizer
 
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,7 @@ async def drain(q, want: int, timeout: float = 20.0):
     return got
 
 
+@pytest.mark.redis
 async def test_queue_path_scores_drops_malformed_and_acks(redis_server, tok_dir):
     qcfg = RedisQueueConfig(url=redis_server.url, namespace="rw1")
     server = await RewardServer(RewardConfig(get_timeout_s=0.2), load_decoder(tok_dir), queue_cfg=qcfg, consumer="r0").start()
@@ -96,6 +97,7 @@ async def test_queue_path_scores_drops_malformed_and_acks(redis_server, tok_dir)
         await server.stop()
 
 
+@pytest.mark.redis
 async def test_input_acked_only_after_output_put(redis_server, tok_dir):
     """A full output stream: the put fails, the input stays leased, and is scored later."""
     qcfg = RedisQueueConfig(url=redis_server.url, namespace="rw2", max_depth=1, put_timeout_s=0.3, lease_idle_s=0.5)
@@ -157,6 +159,7 @@ async def test_grpc_score_and_malformed_frames(tok_dir):
         await server.stop()
 
 
+@pytest.mark.redis
 async def test_cli_service_process(redis_server, tok_dir, tmp_path):
     """``python -m reward_svc --config FILE`` with a user function, against a real redis-server."""
     user = tmp_path / "user_reward.py"
