@@ -73,16 +73,31 @@ CLAIM = """
 -- KEYS: 1 claims hash (sid -> entry id), 2 claims zset (sid -> age), 3 counter key
 -- ARGV: 1 window, 2 JSON [[entry id, [sid, ...]], ...]
 -- Returns one string per entry, one char per sample: '1' fresh (ours), '0' duplicate.
+-- Reads and writes in batches (HMGET / HSET / ZADD of up to 1000 ids per call).
 local window = tonumber(ARGV[1])
+local pairs_ = cjson.decode(ARGV[2])
+local sids = {}
+for _, pair in ipairs(pairs_) do
+  for _, sid in ipairs(pair[2]) do sids[#sids + 1] = sid end
+end
+local owner = {}
+for j = 1, #sids, 1000 do
+  local part = {unpack(sids, j, math.min(j + 999, #sids))}
+  local got = redis.call('HMGET', KEYS[1], unpack(part))
+  for k, sid in ipairs(part) do
+    if got[k] then owner[sid] = got[k] end
+  end
+end
+local new = {}
 local out = {}
-for e, pair in ipairs(cjson.decode(ARGV[2])) do
+for e, pair in ipairs(pairs_) do
   local id = pair[1]
   local flags = {}
   for j, sid in ipairs(pair[2]) do
-    local cur = redis.call('HGET', KEYS[1], sid)
+    local cur = owner[sid]
     if not cur then
-      redis.call('HSET', KEYS[1], sid, id)
-      redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[3]), sid)
+      owner[sid] = id
+      new[#new + 1] = sid
       flags[j] = '1'
     elseif cur == id then
       flags[j] = '1'
@@ -91,6 +106,21 @@ for e, pair in ipairs(cjson.decode(ARGV[2])) do
     end
   end
   out[e] = table.concat(flags)
+end
+if #new > 0 then
+  local base = redis.call('INCRBY', KEYS[3], #new) - #new
+  for j = 1, #new, 500 do
+    local hargs, zargs = {}, {}
+    for k = j, math.min(j + 499, #new) do
+      local sid = new[k]
+      hargs[#hargs + 1] = sid
+      hargs[#hargs + 1] = owner[sid]
+      zargs[#zargs + 1] = base + k
+      zargs[#zargs + 1] = sid
+    end
+    redis.call('HSET', KEYS[1], unpack(hargs))
+    redis.call('ZADD', KEYS[2], unpack(zargs))
+  end
 end
 local over = redis.call('HLEN', KEYS[1]) - window
 if over > 0 then
