@@ -133,3 +133,34 @@ def test_receiver_without_publisher_fails_fast():
 
     with pytest.raises(TransferError, match="no WELCOME"):
         WeightReceiver(cfg(), "lonely", address=f"127.0.0.1:{free_port()}").connect(timeout=1.0)
+
+
+def test_status_rpc_and_metrics():
+    import grpc
+    from prometheus_client import CollectorRegistry
+
+    from services.pb import weights_pb2 as pb
+    from services.pb import weights_pb2_grpc as pb_grpc
+
+    registry = CollectorRegistry()
+    pub = WeightPublisher(cfg(), registry=registry).start()
+    rx = WeightReceiver(cfg(), "r0", address=pub.control_address).connect()
+    try:
+        assert pub.wait_for_replicas(1, timeout=10)
+        report, update, got, err = publish_and_take(pub, rx, 2, iter(named(2)))
+        rx.report_loaded(2)
+        assert pub.wait_for_replicas(1, timeout=10, served_version=2)
+        with grpc.insecure_channel(pub.control_address) as ch:
+            st = pb_grpc.WeightServiceStub(ch).Status(pb.StatusRequest(), timeout=10)
+            bad = pb.AckRequest(replica_id="r0", status=pb.ACK_STATUS_UNSPECIFIED)
+            with pytest.raises(grpc.RpcError) as ei:
+                pb_grpc.WeightServiceStub(ch).Ack(bad, timeout=10)
+            assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert st.latest_version == 2 and st.snapshot_version == 2 and st.epoch == 1 and st.session == pub.session
+        assert [(r.replica_id, r.served_version, r.received_version) for r in st.replicas] == [("r0", 2, 2)]
+        assert registry.get_sample_value("meshrl_weights_published_version") == 2
+        assert registry.get_sample_value("meshrl_weights_published_bytes_total") == report.tensor_bytes
+        assert registry.get_sample_value("meshrl_weights_replica_served_version", {"replica": "r0"}) == 2
+    finally:
+        rx.close()
+        pub.close()

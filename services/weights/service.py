@@ -1,0 +1,101 @@
+"""gRPC side of the publisher: the ``WeightService`` handlers and the Prometheus metrics.
+
+All state lives in :class:`~services.weights.publisher.WeightPublisher`; these classes only
+translate between it and the wire.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+from typing import TYPE_CHECKING
+
+import grpc
+
+from services.pb import weights_pb2 as pb
+from services.pb import weights_pb2_grpc as pb_grpc
+from services.weights.errors import SnapshotError, TransferError
+from services.weights.messages import check_replica_id, control
+
+if TYPE_CHECKING:
+    from services.weights.publisher import PublishReport, WeightPublisher
+
+K = pb.ControlKind
+
+
+class WeightServicer(pb_grpc.WeightServiceServicer):
+    """gRPC handlers; all state lives in the publisher."""
+
+    def __init__(self, pub: "WeightPublisher"):
+        self.pub = pub
+
+    def Subscribe(self, request, context):  # noqa: N802 (gRPC naming)
+        try:
+            rid = check_replica_id(request.replica_id)
+            sub = self.pub._subscribe(rid, request.served_version)
+        except (ValueError, TransferError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, ValueError) else grpc.StatusCode.UNAVAILABLE, str(e))
+        context.add_callback(lambda: self.pub._unsubscribe(sub))
+        yield control(K.CONTROL_KIND_WELCOME, self.pub.session, 0, -1,
+                      welcome=pb.Welcome(latest_version=self.pub.latest_version,
+                                         snapshot_version=self.pub.snapshot_version))
+        while True:
+            try:
+                msg = sub.outbox.get(timeout=1.0)
+            except queue.Empty:
+                if not context.is_active() or not sub.connected:
+                    return
+                continue
+            if msg is None:
+                return
+            yield msg
+
+    def Ack(self, request, context):  # noqa: N802
+        if request.status not in (pb.ACK_STATUS_RECEIVED, pb.ACK_STATUS_FAILED, pb.ACK_STATUS_LOADED):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Ack with status {request.status}")
+        return pb.AckReply(known=self.pub._ack(request))
+
+    def FetchSnapshot(self, request, context):  # noqa: N802
+        arena = self.pub._arena
+        if arena is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "this publisher keeps no snapshots (weights.snapshot=false)")
+        chunks = arena.stream(self.pub.cfg.snapshot_chunk_kb << 10, request.min_version)
+        try:
+            first = next(chunks)
+        except SnapshotError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except StopIteration:
+            context.abort(grpc.StatusCode.INTERNAL, "empty snapshot")
+        try:
+            for version, total, offset, data in itertools.chain([first], chunks):
+                yield pb.SnapshotChunk(policy_version=version, total_bytes=total, offset=offset, data=data)
+        except SnapshotError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+
+    def Status(self, request, context):  # noqa: N802
+        return self.pub._status()
+
+
+class PublisherMetrics:
+    """Prometheus metrics of the publisher (registered in the caller's registry)."""
+
+    def __init__(self, registry):
+        from prometheus_client import Counter, Gauge
+
+        self.version = Gauge("meshrl_weights_published_version", "newest published policy version", registry=registry)
+        self.bytes = Counter("meshrl_weights_published_bytes_total", "tensor bytes published", registry=registry)
+        self.seconds = Gauge("meshrl_weights_publish_seconds", "duration of the last publish", registry=registry)
+        self.failures = Counter("meshrl_weights_transfer_failures_total", "publishes whose transfer failed",
+                                registry=registry)
+        self.served_version = Gauge("meshrl_weights_replica_served_version", "policy version a replica serves",
+                                    ["replica"], registry=registry)
+
+    def published(self, r: "PublishReport") -> None:
+        self.version.set(r.version)
+        self.bytes.inc(r.tensor_bytes)
+        self.seconds.set(r.seconds)
+        if r.error:
+            self.failures.inc()
+
+    def served(self, replica: str, version: int) -> None:
+        self.served_version.labels(replica=replica).set(version)
