@@ -73,7 +73,8 @@ class TrainerWorker:
         model = load_causal_lm(spec.model_path, spec.dtype, device=ctx.device)
         if a.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.model = shard_model(model, ctx.mesh)
+        reshard = a.fsdp_config.reshard_after_forward
+        self.model = shard_model(model, ctx.mesh, reshard_after_forward=reshard)
         self.optimizer, self.lr_scheduler = build_optimizer(self.model, a.optim, total_opt_steps)
         self.actor = DataParallelPPOActor(
             a,
@@ -86,6 +87,7 @@ class TrainerWorker:
         )
         self.ref: ReferencePolicy | None = None
         if spec.use_ref:
+            # forward-only: always free gathered parameters after each layer
             ref_model = shard_model(load_causal_lm(spec.model_path, spec.dtype, device=ctx.device), ctx.mesh)
             self.ref = ReferencePolicy(ref_model, a, spec.ref, group=ctx.cpu_group)
         self.critic: DataParallelPPOCritic | None = None

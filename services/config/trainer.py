@@ -51,6 +51,14 @@ class OptimConfig(StrictModel):
         return self
 
 
+class FSDPConfig(StrictModel):
+    """FSDP2 wrapping options (verl ``actor.fsdp_config``)."""
+
+    reshard_after_forward: bool = Field(
+        True, description="free gathered parameters after each layer's forward (less memory, one more all-gather)"
+    )
+
+
 class PolicyLossConfig(StrictModel):
     """Which registered policy loss to use (verl ``actor.policy_loss``)."""
 
@@ -95,6 +103,7 @@ class ActorConfig(StrictModel):
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and lr schedule")
     temperature: float = Field(1.0, gt=0, le=100.0, description="sampling temperature logits are divided by")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig, description="FSDP2 wrapping options")
 
     @property
     def clip_low(self) -> float:
