@@ -220,3 +220,31 @@ def test_custom_allocator_is_used_for_packed_buckets():
     buckets = list(iter_buckets(iter(named), 1024, CPU, alloc))
     assert calls == [(0, 1024), (1, 8000)]
     assert_bitwise(unpack(buckets), named)
+
+
+DTYPE_CHOICES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool, torch.float64]
+
+
+def test_random_plans_roundtrip_bitwise():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    shapes = st.lists(st.integers(0, 40), min_size=0, max_size=3)
+    entries = st.lists(st.tuples(shapes, st.sampled_from(DTYPE_CHOICES)), min_size=1, max_size=12)
+
+    @settings(max_examples=60, deadline=None)
+    @given(entries=entries, bucket=st.integers(1, 5000), zero_copy=st.sampled_from([None, 1, 700]))
+    def check(entries, bucket, zero_copy):
+        g = torch.Generator().manual_seed(len(entries) * 7919 + bucket)
+        named = []
+        for i, (shape, dt) in enumerate(entries):
+            t = torch.randint(0, 100, tuple(shape), generator=g).to(dt)
+            named.append((f"t{i}", t))
+        buckets = list(iter_buckets(iter(named), bucket, CPU, zero_copy_min_bytes=zero_copy))
+        for b in buckets:
+            b.validate()
+            bucket_from_pb(bucket_to_pb(b))
+        assert [b.index for b in buckets] == list(range(len(buckets)))
+        assert_bitwise(unpack(buckets), named)
+
+    check()
