@@ -95,6 +95,7 @@ class WeightPublisher:
         self._epoch = 0
         self._group: DataGroup | None = None
         self._members: list[_Subscriber] = []
+        self._join_failed: list[str] = []
         self._arena = SnapshotArena() if cfg.snapshot else None
         self._rotating = RotatingBuffers(self.device, slots=cfg.pipeline_depth + 1)
         self._closed = False
@@ -246,14 +247,14 @@ class WeightPublisher:
                     except TransferError as e:
                         inflight.clear()
                         fail(f"bucket {index}: {e}", started)
-            except PlanError as e:
+            except Exception as e:  # PlanError, or the trainer's iterator raised: abort, then re-raise
                 if group is not None:
                     if error is None:
-                        fail(f"publisher error: {e}", time.monotonic())
+                        fail(f"publisher error: {type(e).__name__}: {e}", time.monotonic())
                     self._wait_acks(members, epoch, version, grace_until)
                 raise
             delivered: list[str] = []
-            failed: list[str] = []
+            failed: list[str] = list(self._join_failed) if group is None else []
             if group is not None and error is None:
                 self._send(members, control(K.CONTROL_KIND_END, self.session, epoch, version,
                                             end=pb.End(num_buckets=nb, num_tensors=nt, tensor_bytes=tb)))
@@ -290,6 +291,7 @@ class WeightPublisher:
 
     def _ensure_group(self) -> str | None:
         """Make ``self._group`` the group of the ready replicas; return an error text on failure."""
+        self._join_failed = []
         with self._lock:
             candidates = sorted(
                 (s for s in self._subs.values() if s.connected and s.ready), key=lambda s: s.replica_id
@@ -326,6 +328,7 @@ class WeightPublisher:
             self._send(candidates, control(K.CONTROL_KIND_ABORT, self.session, epoch, -1,
                                            abort=pb.Abort(reason=str(e))))
             self._wait_acks(candidates, epoch, -1, self._ack_deadline(started))
+            self._join_failed = [s.replica_id for s in candidates]
             return f"epoch {epoch}: {e}"
         self._group, self._members = group, candidates
         return None

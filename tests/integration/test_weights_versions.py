@@ -85,6 +85,14 @@ def test_bad_tensor_aborts_the_transfer_and_loses_nothing(channel):
     assert pub.latest_version == -1  # not published
     with pytest.raises(PlanError, match="no tensors"):
         pub.publish(1, iter([]))
+    def broken():
+        yield "w", torch.zeros(300)
+        yield "x", torch.zeros(300)
+        raise RuntimeError("all-gather failed")
+
+    with pytest.raises(RuntimeError, match="all-gather"):
+        publish_and_take(pub, rx, 1, broken())
+    assert pub.latest_version == -1
     # The receiver saw an aborted v1 (if it got that far) and is ready for the next epoch.
     report, update, got, err = publish_and_take(pub, rx, 1, iter(named(1)))
     assert report.error is None and update.version == 1 and err is None
