@@ -12,6 +12,7 @@ import sys
 from collections import Counter as Tally
 
 import pytest
+import torch
 
 from tests.integration.test_queues_backends import drain, durable_env, env, group  # noqa: F401 - fixtures
 
@@ -91,11 +92,15 @@ async def test_server_killed_and_restarted_mid_stream(durable_env):
         for i in range(0, n, 5):
             if i == 100:
                 await killed.wait()  # the crash lands mid-stream; the rest is put through the outage
-            await p.put([group([f"m{j}"]) for j in range(i, i + 5)])
+            # every fourth batch carries ~300 KB frames: stored aside (redis) / chunked (broker)
+            await p.put([group([f"m{j}"], width=75_000 if i % 20 == 0 else 4) for j in range(i, i + 5)])
 
     async def consume():
         while len(set(sink)) < n:
             got = await c.get(8, 0.5)
+            for g in got:
+                x = g.data.batch["x"]
+                assert torch.equal(x[0, :4], torch.arange(4, dtype=torch.float32)), "frame corrupted"
             sink.extend(s for g in got for s in g.sample_ids)  # the downstream write
             await c.ack(got)
 
