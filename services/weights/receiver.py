@@ -318,22 +318,29 @@ class WeightReceiver:
                 msg = self._msgs.get()
             if msg is _STOP or self._closed.is_set():
                 break
-            try:
-                if msg is None:
-                    self._complete_oldest()
-                else:
-                    if msg.kind != K.CONTROL_KIND_BUCKET:
-                        while self._inflight:  # every other message comes after the buckets
-                            self._complete_oldest()
-                    self._handle(msg)
-            except WeightChannelError as e:
-                log.error("%s: %s", self.replica_id, e)
-                if isinstance(e, VersionError):
-                    self._set_fatal(e)
-                self._fail_current(str(e))
+            if msg is None:
+                self._guarded(self._complete_oldest)
+                continue
+            if msg.kind != K.CONTROL_KIND_BUCKET:
+                while self._inflight:  # every other message comes after the buckets
+                    self._guarded(self._complete_oldest)
+            self._guarded(self._handle, msg)
         if self._group is not None:
             self._group.close()
         self._fail_current("receiver closed")
+
+    def _guarded(self, fn, *args) -> None:  # noqa: ANN001
+        """Run a worker step; a failure fails the current update (and is reported), never the loop."""
+        try:
+            fn(*args)
+        except WeightChannelError as e:
+            log.error("%s: %s", self.replica_id, e)
+            if isinstance(e, VersionError):
+                self._set_fatal(e)
+            self._fail_current(str(e))
+        except Exception as e:  # e.g. out of memory allocating a bucket: this version fails, the loop lives
+            log.exception("%s: unexpected error in the weight receiver", self.replica_id)
+            self._fail_current(f"{type(e).__name__}: {e}")
 
     def _fail_current(self, reason: str, ack: bool = True) -> None:
         self._inflight.clear()
