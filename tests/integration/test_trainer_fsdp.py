@@ -34,7 +34,7 @@ def _run(tmp: Path, spec: dict, nproc: int, *extra: str) -> tuple[dict, dict]:
 
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "spec.json").write_text(json.dumps(spec))
-    code = spawn_ranks([JOB, str(tmp / "spec.json"), str(tmp / "out"), *extra], nproc, threads=1, timeout_s=240)
+    code = spawn_ranks([JOB, str(tmp / "spec.json"), str(tmp / "out"), *extra], nproc, threads=1, timeout_s=500)
     assert code == 0, f"{nproc}-rank job failed with exit code {code}"
     return json.loads((tmp / "out" / "result.json").read_text()), load_file(str(tmp / "out" / "params.safetensors"))
 

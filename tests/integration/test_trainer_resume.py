@@ -39,7 +39,7 @@ class Trainer:
         for line in self.proc.stdout:
             self.lines.append(line)
 
-    def wait_for(self, pred, what: str, timeout: float = 120.0):
+    def wait_for(self, pred, what: str, timeout: float = 400.0):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = pred()
@@ -57,7 +57,7 @@ class Trainer:
     def kill_tree(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
 
-    def wait(self, timeout: float = 120.0) -> int:
+    def wait(self, timeout: float = 400.0) -> int:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -205,7 +205,7 @@ class Probe:
         for line in self.proc.stdout:
             self.events.append(json.loads(line))
 
-    def wait_event(self, pred, timeout: float = 90.0) -> dict:
+    def wait_event(self, pred, timeout: float = 300.0) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for e in list(self.events):
