@@ -375,7 +375,8 @@ class ReplicaProcess:
             info = None
         if info is None:
             self.kill()
-            raise AssertionError("replica process did not become ready:\n" + "".join(self.lines[-40:]))
+            errs = [ln for ln in self.lines if "Error" in ln or "error" in ln]
+            raise AssertionError("replica process did not become ready:\n" + "".join(errs[-20:] + self.lines[-20:]))
         self.grpc_port, self.metrics_port = info["grpc_port"], info["metrics_port"]
 
     def status(self):
@@ -443,7 +444,15 @@ def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: s
     cfg_path.write_text(yaml.safe_dump(spec))
     stop = asyncio.Event()
     sub_future = asyncio.run_coroutine_threadsafe(run_weight_subscriber(replica, wcfg, "inproc", stop), el.loop)
+    import time as _t
+
+    t0 = _t.monotonic()
+
+    def mark(what):  # progress on -s; helps to see where a slow CI run spends its time
+        print(f"[{_t.monotonic() - t0:7.1f}s] {what}", flush=True)
+
     proc = ReplicaProcess(cfg_path, "subproc")
+    mark("replica process ready")
     proc2 = None
     try:
         assert pub.wait_for_replicas(2, timeout=60)
@@ -463,6 +472,7 @@ def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: s
         assert out.batch["responses"][0].tolist() == [0] * RESPONSE_LEN
         assert out.batch["policy_version"].tolist() == [v1]
 
+        mark("v1 on both replicas")
         # 2. the replica process dies while v2 is being published: the publisher is not
         #    stalled past its deadline and the surviving replica serves v2
         v2 = v1 + 1
@@ -478,14 +488,18 @@ def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: s
         assert result["r"].version == v2
         assert pub.wait_for_snapshot(v2, timeout=60)
 
+        mark("publisher returned after the kill; survivor on v2")
         # 3. a restarted replica rejoins by pulling the snapshot: v2 without a new publish
         proc2 = ReplicaProcess(cfg_path, "subproc")
+        mark("restarted replica ready")
         _wait(lambda: proc2.status().served_version == v2, what="restarted replica to load the v2 snapshot")
+        mark("restarted replica on v2")
         out = proc2.generate(_item([prompt], uid="ch-sub2", validate=True))
         before = _greedy(el, replica, prompt, "ch1")[0]
         assert out.batch["responses"][0][out.batch["response_mask"][0].bool()].tolist() == before
         assert before != [0] * RESPONSE_LEN
         assert proc2.terminate() == 0  # SIGTERM: clean shutdown
+        mark("terminated")
     finally:
         stop.set()
         for p in (proc, proc2):
