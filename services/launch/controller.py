@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from services.config.job import dump_job
-from services.launch.procs import ServiceFailed, ServiceProcess, python_module_argv
+from services.launch.procs import ServiceFailed, ServiceProcess, become_subreaper, kill_adopted, python_module_argv
 from services.launch.report import History, scrape, write_report
 from services.net import free_port
 
@@ -104,6 +104,7 @@ class JobController:
     def run(self) -> int:
         """Run the job to the end; returns the exit code (0 done, 1 a service failed, 130 interrupted)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        become_subreaper()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         try:
@@ -229,6 +230,9 @@ class JobController:
         """Trainer first (it checkpoints on SIGTERM), then the replicas and reward workers."""
         for p in sorted(self.procs, key=lambda p: p.name != "trainer"):
             p.stop(grace=30.0 if p.name == "trainer" else 15.0)
+        leftovers = kill_adopted()
+        if leftovers:
+            log.warning("killed %d leftover descendant process(es) of the job's services", len(leftovers))
 
     def _write_status(self, feeder=None, queues: dict | None = None) -> None:
         last = self.history.steps[-1] if self.history.steps else {}

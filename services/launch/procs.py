@@ -111,3 +111,44 @@ class ServiceProcess:
 
 def python_module_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    Services start helpers of their own (vLLM's engine-core and worker processes); if a
+    service dies, those would be re-parented to init and live on. As a subreaper, the
+    controller inherits them instead and :func:`kill_adopted` ends them at shutdown."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def kill_adopted(exclude: set[int] = frozenset()) -> list[int]:
+    """SIGKILL and reap every remaining child of this process not in ``exclude``."""
+    me, killed = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == me:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+            except ProcessLookupError:
+                pass
+    for pid in killed:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    return killed
