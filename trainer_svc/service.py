@@ -92,6 +92,7 @@ class TrainerService:
         self.source, self.publisher, self.metrics = source, publisher, metrics
         self.ckpt = CheckpointManager(spec.trainer.default_local_dir, ctx, spec.trainer.max_ckpt_to_keep)
         self.step_no = 0
+        self._saved_step = 0
         self.stop_requested = False
         self.ready = False
         self.last_result: StepResult | None = None
@@ -118,7 +119,7 @@ class TrainerService:
         if step is None:
             return
         state = self.ckpt.load(step, self.worker)
-        self.step_no = state["step"]
+        self.step_no = self._saved_step = state["step"]
         if self.source is not None:
             self.source.restore(state)
 
@@ -141,7 +142,7 @@ class TrainerService:
         while True:
             control, batch, pending = self._next_command()
             if control["cmd"] == "stop":
-                if control.get("checkpoint", True) and self.step_no > 0:
+                if control.get("checkpoint", True) and self.step_no > self._saved_step:
                     self._save()
                 return int(control.get("code", 0))
             t0 = time.perf_counter()
@@ -244,6 +245,7 @@ class TrainerService:
     def _save(self) -> None:
         extra = self.source.state() if self.ctx.rank == 0 and self.source is not None else {}
         self.ckpt.save(self.step_no, self.worker, extra)
+        self._saved_step = self.step_no
 
     def _report(self, result: StepResult, pending: Any, seconds: dict[str, float]) -> None:
         if self.ctx.rank != 0:
