@@ -149,6 +149,40 @@ def inline_score(groups, decode_one) -> tuple[float, list[float]]:
     return time.perf_counter() - t0, scores
 
 
+#: Run a command so that it is SIGKILLed when this benchmark dies (PR_SET_PDEATHSIG survives
+#: exec): a killed benchmark (e.g. by the OOM killer) leaves no redis-server or service behind.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def _child(cmd: list[str]) -> list[str]:
+    import sys
+
+    return [sys.executable, "-c", _DIE_WITH_PARENT, *cmd]
+
+
+def start_redis(workdir) -> tuple[object, str]:
+    """A private in-memory ``redis-server`` on a free port: ``(Popen, url)``."""
+    import shutil
+    import subprocess
+
+    from services.net import free_port, wait_for_port
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server is not installed")
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen(_child([
+        exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir), "--save", "", "--appendonly", "no",
+        "--protected-mode", "yes", "--logfile", str(workdir / "redis.log"),
+        "--proto-max-bulk-len", "1gb", "--client-query-buffer-limit", "1gb",
+    ]), stdout=subprocess.DEVNULL)
+    wait_for_port("127.0.0.1", port, 30, proc)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
 async def service_run(frames: list, tok_dir: str, work, args) -> tuple[float, list[float]]:
     """Pre-fill ``rollouts``, run the service processes, time until ``experience`` holds all."""
     import asyncio
@@ -161,13 +195,11 @@ async def service_run(frames: list, tok_dir: str, work, args) -> tuple[float, li
 
     from services.config.queues import RedisQueueConfig
     from services.queues import make_queue
-    from services.queues.redis_server import RedisServer
-
-    redis = RedisServer(work / "redis").start()
+    redis, url = start_redis(work / "redis")
     procs: list[subprocess.Popen] = []
     # frames of whole groups (~200 KB) are stored beside the stream entries: Redis appends and
     # reads them several times faster than inside the stream (see docs/reward.md)
-    qcfg = RedisQueueConfig(url=redis.url, namespace="bench", max_depth=10_000_000, large_frame_bytes=16384)
+    qcfg = RedisQueueConfig(url=url, namespace="bench", max_depth=10_000_000, large_frame_bytes=16384)
     producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="bench-producer")
     trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="bench-trainer")
     want = len(frames)
@@ -180,8 +212,8 @@ async def service_run(frames: list, tok_dir: str, work, args) -> tuple[float, li
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for k in range(args.procs):
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "reward_svc", "--config", str(work / "reward.yaml"), "--consumer", f"bench-{k}",
-                 "--log-level", "WARNING"],
+                _child([sys.executable, "-m", "reward_svc", "--config", str(work / "reward.yaml"), "--consumer", f"bench-{k}",
+                 "--log-level", "WARNING"]),
                 stdout=subprocess.PIPE, text=True, env=env,
             ))
         for p in procs:  # all started and warmed up (imports done) before the clock starts
@@ -225,7 +257,11 @@ async def service_run(frames: list, tok_dir: str, work, args) -> tuple[float, li
                 p.kill()
         await producer.close()
         await trainer.close()
-        redis.stop()
+        redis.terminate()
+        try:
+            redis.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            redis.kill()
 
 
 def main() -> None:

@@ -77,8 +77,13 @@ async def _serve(args: argparse.Namespace) -> int:
     server = RewardServer(cfg, load_decoder(tok), queue_cfg=None if args.no_queue else queues, consumer=consumer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: leave now
+            os._exit(130)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await server.start()
     grpc_addr = f"{cfg.host}:{server.grpc_port}" if server.grpc_port else "off"
     print(f"reward ready grpc={grpc_addr} metrics={server.http.host}:{server.http.port}", flush=True)

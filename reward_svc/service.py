@@ -107,7 +107,8 @@ class RewardServer:
             await self._inq.depth()  # fail fast if the backend is unreachable
 
     async def stop(self) -> None:
-        """Stop serving and release everything this instance started (idempotent)."""
+        """Stop serving and release everything this instance started (idempotent; every
+        step bounded, so a dead backend cannot hold the shutdown)."""
         self._ready = False
         grpc_server, self.grpc_server = self.grpc_server, None
         if grpc_server is not None:
@@ -115,7 +116,10 @@ class RewardServer:
         queues, self._inq, self._outq = (self._inq, self._outq), None, None
         for q in queues:
             if q is not None:
-                await q.close()
+                try:
+                    await asyncio.wait_for(q.close(), timeout=5.0)
+                except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - shutting down anyway
+                    log.warning("reward: closing a queue failed: %s", exc)
         http, self.http = self.http, None
         if http is not None:
             http.stop()
@@ -241,17 +245,27 @@ class RewardServer:
         leased: asyncio.Queue = asyncio.Queue(maxsize=2)
 
         async def reader() -> None:
-            while not stop.is_set():
-                try:
-                    items = await self._inq.get(self.cfg.get_batch, self.cfg.get_timeout_s)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - a backend outage must not kill the service
-                    log.error("reward: get from %s failed: %s", self.cfg.input_stream, exc)
-                    await asyncio.sleep(min(1.0, self.cfg.get_timeout_s))
-                    continue
-                if items:
-                    await leased.put(items)
+            """Lease batches until ``stop``; a stop interrupts a pending get at once (what it
+            may have leased stays pending in the backend and is redelivered)."""
+            stopped = asyncio.create_task(stop.wait())
+            try:
+                while not stop.is_set():
+                    getter = asyncio.create_task(self._inq.get(self.cfg.get_batch, self.cfg.get_timeout_s))
+                    await asyncio.wait({getter, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        await asyncio.gather(getter, return_exceptions=True)
+                        break
+                    try:
+                        items = getter.result()
+                    except Exception as exc:  # noqa: BLE001 - a backend outage must not kill the service
+                        log.error("reward: get from %s failed: %s", self.cfg.input_stream, exc)
+                        await asyncio.wait({stopped}, timeout=min(1.0, self.cfg.get_timeout_s))
+                        continue
+                    if items:
+                        await leased.put(items)  # the loop below always drains: bounded by one scoring
+            finally:
+                stopped.cancel()
             await leased.put(None)
 
         async def deliver(good, bad) -> None:

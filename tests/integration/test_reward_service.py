@@ -247,3 +247,19 @@ async def test_queue_path_on_the_embedded_broker(broker, tok_dir):
         for q in (producer, trainer):
             await q.close()
         await server.stop()
+
+
+@pytest.mark.redis
+async def test_stop_is_prompt_even_when_redis_is_gone(redis_server, tok_dir):
+    """SIGTERM-style stop while the backend is dead: run() and stop() return promptly."""
+    qcfg = RedisQueueConfig(url=redis_server.url, namespace="rwstop", op_timeout_s=30.0)
+    server = await RewardServer(RewardConfig(get_timeout_s=5.0, grpc_port=None), load_decoder(tok_dir), queue_cfg=qcfg,
+                                consumer="r0").start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    await asyncio.sleep(0.3)  # the reader is blocked in a 5 s get
+    redis_server.kill()
+    await asyncio.sleep(0.3)
+    stop.set()
+    await asyncio.wait_for(task, 10.0)  # a deadline far below op_timeout_s + get_timeout_s
+    await asyncio.wait_for(server.stop(), 15.0)
