@@ -121,8 +121,9 @@ class DataParallelPPOActor:
         config: the actor block. ``ppo_mini_batch_size`` must already be in *samples per
             rank* (see :func:`local_mini_batch_size`).
         module: the FSDP2-sharded causal LM (or a plain one for a single process).
-        optimizer / lr_scheduler: built by :func:`trainer_svc.fsdp.build_optimizer`
-            (``None`` for a frozen reference policy).
+        optimizer: built by :func:`trainer_svc.fsdp.build_optimizer` (``None`` for a frozen
+            reference policy). As in verl, the lr schedule is stepped by the caller once per
+            training step, not here per mini-batch.
         group: the data-parallel process group (``None`` = no collectives, world size 1).
         off_policy: correction using ``rollout_log_probs``.
     """
@@ -132,7 +133,6 @@ class DataParallelPPOActor:
         config: ActorConfig,
         module: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None = None,
-        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         *,
         mini_batch_size: int,
         group: dist.ProcessGroup | None = None,
@@ -141,7 +141,6 @@ class DataParallelPPOActor:
         self.config = config
         self.module = module
         self.optimizer = optimizer
-        self.lr_scheduler = lr_scheduler
         self.mini_batch_size = mini_batch_size
         self.group = group
         self.world_size = dist.get_world_size(group) if group is not None else 1
@@ -319,8 +318,6 @@ class DataParallelPPOActor:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
         # Average the per-rank values over ranks in one collective.
         names = sorted(acc) + sorted(wmetrics)
         vec = torch.tensor([acc[k] for k in sorted(acc)] + [wmetrics[k] for k in sorted(wmetrics)], dtype=torch.float64)

@@ -34,7 +34,8 @@ def forward_values(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> t
 class DataParallelPPOCritic:
     """The critic of one data-parallel rank.
 
-    ``mini_batch_size`` is in samples per rank (like the actor's).
+    ``mini_batch_size`` is in samples per rank (like the actor's). The lr schedule is stepped
+    by the caller once per training step (verl).
     """
 
     def __init__(
@@ -42,7 +43,6 @@ class DataParallelPPOCritic:
         config: CriticConfig,
         module: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None,
         *,
         mini_batch_size: int,
         group: dist.ProcessGroup | None = None,
@@ -50,7 +50,6 @@ class DataParallelPPOCritic:
         self.config = config
         self.module = module
         self.optimizer = optimizer
-        self.lr_scheduler = lr_scheduler
         self.mini_batch_size = mini_batch_size
         self.group = group
         self.world_size = dist.get_world_size(group) if group is not None else 1
@@ -119,8 +118,6 @@ class DataParallelPPOCritic:
                     skipped += 1
                 else:
                     self.optimizer.step()
-                    if self.lr_scheduler is not None:
-                        self.lr_scheduler.step()
                     steps += 1
                 vec = torch.tensor([loss_sum, clip_sum], dtype=torch.float64)
                 all_reduce(vec, self.group)
@@ -132,4 +129,5 @@ class DataParallelPPOCritic:
         total = max(1, steps + skipped)
         out = {k: v / total for k, v in sums.items()}
         out["critic/skipped_steps"] = float(skipped)
+        out["critic/optimizer_steps"] = float(steps)
         return out

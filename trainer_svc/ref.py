@@ -20,7 +20,7 @@ class ReferencePolicy:
         for p in module.parameters():
             p.requires_grad_(False)
         cfg = actor_cfg.model_copy(update={"log_prob_micro_batch_size_per_gpu": ref_cfg.log_prob_micro_batch_size_per_gpu})
-        self._scorer = DataParallelPPOActor(cfg, module, None, None, mini_batch_size=1, group=group)
+        self._scorer = DataParallelPPOActor(cfg, module, None, mini_batch_size=1, group=group)
         self.module = module
 
     def compute_ref_log_prob(self, data: DataProto) -> torch.Tensor:

@@ -68,19 +68,17 @@ class TrainerWorker:
         self.ctx = ctx
         torch.manual_seed(spec.trainer.seed)
         a = spec.actor
-        steps_per_batch = a.ppo_epochs * (spec.train_batch_size // a.ppo_mini_batch_size)
-        total_opt_steps = max(1, spec.trainer.total_steps * steps_per_batch)
         model = load_causal_lm(spec.model_path, spec.dtype, device=ctx.device)
         if a.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         reshard = a.fsdp_config.reshard_after_forward
         self.model = shard_model(model, ctx.mesh, reshard_after_forward=reshard)
-        self.optimizer, self.lr_scheduler = build_optimizer(self.model, a.optim, total_opt_steps)
+        # As in verl, the schedule advances once per training step (policy version).
+        self.optimizer, self.lr_scheduler = build_optimizer(self.model, a.optim, spec.trainer.total_steps)
         self.actor = DataParallelPPOActor(
             a,
             self.model,
             self.optimizer,
-            self.lr_scheduler,
             mini_batch_size=local_mini_batch_size(a.ppo_mini_batch_size, spec.rollout_n, ctx.world_size),
             group=ctx.cpu_group,
             off_policy=spec.algorithm.off_policy,
@@ -95,13 +93,11 @@ class TrainerWorker:
         if spec.use_critic:
             c = spec.critic
             vmodel = shard_model(load_value_model(c.model_path or spec.model_path, spec.dtype, device=ctx.device), ctx.mesh)
-            total_c = max(1, spec.trainer.total_steps * c.ppo_epochs * (spec.train_batch_size // c.ppo_mini_batch_size))
-            self.critic_optimizer, self.critic_scheduler = build_optimizer(vmodel, c.optim, total_c)
+            self.critic_optimizer, self.critic_scheduler = build_optimizer(vmodel, c.optim, spec.trainer.total_steps)
             self.critic = DataParallelPPOCritic(
                 c,
                 vmodel,
                 self.critic_optimizer,
-                self.critic_scheduler,
                 mini_batch_size=local_mini_batch_size(c.ppo_mini_batch_size, spec.rollout_n, ctx.world_size),
                 group=ctx.cpu_group,
             )
@@ -137,13 +133,17 @@ class TrainerWorker:
         t2 = time.perf_counter()
         local = plan.local(batch, ctx.rank)
         if self.critic is not None:
-            metrics.update(self.critic.update_critic(local))
+            critic_metrics = self.critic.update_critic(local)
+            metrics.update(critic_metrics)
+            if critic_metrics["critic/optimizer_steps"] > 0:
+                self.critic_scheduler.step()
         result = self.actor.update_policy(local)
         t3 = time.perf_counter()
         metrics.update(result.metrics)
         applied = result.optimizer_steps > 0
         if applied:
             self.version += 1
+            self.lr_scheduler.step()
         mask = batch.batch["response_mask"]
         return StepResult(
             version=self.version,

@@ -62,8 +62,8 @@ def _reference(tiny_model: str):
 
     model = load_causal_lm(tiny_model)
     cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=8, optim={"lr": 1e-3})
-    opt, sched = build_optimizer(model, cfg.optim, 1)
-    actor = DataParallelPPOActor(cfg, model, opt, sched, mini_batch_size=8)
+    opt, _ = build_optimizer(model, cfg.optim, 1)
+    actor = DataParallelPPOActor(cfg, model, opt, mini_batch_size=8)
     batch = make_batch(4, n=2, prompt_len=7, response_len=6, vocab_size=model.config.vocab_size, seed=0)
     batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
     compute_advantage(batch, AlgorithmConfig())

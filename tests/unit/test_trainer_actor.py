@@ -25,8 +25,8 @@ def _actor(model, **cfg):
     from trainer_svc.fsdp import build_optimizer
 
     c = ActorConfig(**{"ppo_mini_batch_size": 2, "optim": {"lr": 1e-3}, **cfg})
-    opt, sched = build_optimizer(model, c.optim, 4)
-    return DataParallelPPOActor(c, model, opt, sched, mini_batch_size=8)
+    opt, _ = build_optimizer(model, c.optim, 4)
+    return DataParallelPPOActor(c, model, opt, mini_batch_size=8)
 
 
 def _hf_log_probs(model, batch, temperature=1.0):
@@ -155,8 +155,8 @@ def test_off_policy_correction_weights_the_policy_loss(tiny_model):
     def pg_loss(mode: str, shift: float) -> float:
         model = load_causal_lm(tiny_model)
         cfg = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=8, optim={"lr": 1e-3})
-        opt, sched = build_optimizer(model, cfg.optim, 2)
-        actor = DataParallelPPOActor(cfg, model, opt, sched, mini_batch_size=8, off_policy=OffPolicyConfig(mode=mode, cap=2.0))
+        opt, _ = build_optimizer(model, cfg.optim, 2)
+        actor = DataParallelPPOActor(cfg, model, opt, mini_batch_size=8, off_policy=OffPolicyConfig(mode=mode, cap=2.0))
         batch = make_batch(2, n=2, prompt_len=5, response_len=4, vocab_size=model.config.vocab_size, seed=9)
         batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
         batch.batch["rollout_log_probs"] = batch.batch["old_log_probs"] - shift
@@ -169,8 +169,8 @@ def test_off_policy_correction_weights_the_policy_loss(tiny_model):
     assert pg_loss("tis", 5.0) == pytest.approx(2 * base, rel=1e-5)
     with pytest.raises(KeyError, match="rollout_log_probs"):
         model = load_causal_lm(tiny_model)
-        opt, sched = build_optimizer(model, ActorConfig().optim, 1)
-        actor = DataParallelPPOActor(ActorConfig(), model, opt, sched, mini_batch_size=4,
+        opt, _ = build_optimizer(model, ActorConfig().optim, 1)
+        actor = DataParallelPPOActor(ActorConfig(), model, opt, mini_batch_size=4,
                                      off_policy=OffPolicyConfig(mode="decoupled"))
         b = make_batch(1, n=2, prompt_len=4, response_len=3, vocab_size=model.config.vocab_size)
         del b.batch["rollout_log_probs"]

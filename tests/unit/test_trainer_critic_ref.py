@@ -24,8 +24,8 @@ def test_critic_values_are_masked_and_training_reduces_value_loss(tiny_model, ba
     torch.manual_seed(0)
     model = load_value_model(tiny_model)
     cfg = CriticConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, optim={"lr": 3e-3})
-    opt, sched = build_optimizer(model, cfg.optim, 20)
-    critic = DataParallelPPOCritic(cfg, model, opt, sched, mini_batch_size=4)
+    opt, _ = build_optimizer(model, cfg.optim, 20)
+    critic = DataParallelPPOCritic(cfg, model, opt, mini_batch_size=4)
     values = critic.compute_values(batch)
     mask = batch.batch["response_mask"]
     assert values.shape == mask.shape and values.dtype == torch.float32
@@ -60,8 +60,8 @@ def test_kl_loss_starts_at_zero_and_grows_as_the_policy_moves(tiny_model, batch)
     actor_model, ref_model = load_causal_lm(tiny_model), load_causal_lm(tiny_model)
     cfg = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=4, use_kl_loss=True, kl_loss_coef=0.1,
                       optim={"lr": 1e-2})
-    opt, sched = build_optimizer(actor_model, cfg.optim, 10)
-    actor = DataParallelPPOActor(cfg, actor_model, opt, sched, mini_batch_size=4)
+    opt, _ = build_optimizer(actor_model, cfg.optim, 10)
+    actor = DataParallelPPOActor(cfg, actor_model, opt, mini_batch_size=4)
     ref = ReferencePolicy(ref_model, cfg, RefConfig())
     kl = []
     for _ in range(3):
