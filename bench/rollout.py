@@ -169,7 +169,8 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), VLLM_CPU_KVCACHE_SPACE="1")
     log = open(workdir / "service.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "rollout_svc", "--config", str(workdir / "svc.yaml"),
-                             "--name", "bench-0"], stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+                             "--name", "bench-0"], stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                            start_new_session=True)
     qcfg = parse_queue_config({"type": "redis", "url": redis.url})
     feeder = make_queue(qcfg, stream="prompts", group="rollout", consumer="bench-feeder")
     sink = make_queue(qcfg, stream="rollouts", group="reward", consumer="bench-sink")
@@ -231,7 +232,10 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                import signal
+
+                os.killpg(proc.pid, signal.SIGKILL)  # the replica's group: vLLM's children too
+                proc.wait(timeout=30)
         pub.close()
         redis.stop()
         log.close()

@@ -357,6 +357,7 @@ class ReplicaProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rollout_svc", "--config", str(config_path), "--name", name],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True,  # its own process group: kill() also ends vLLM's engine/worker children
         )
         self.lines: list[str] = []
         q: queue.Queue = queue.Queue()
@@ -399,8 +400,14 @@ class ReplicaProcess:
         return wire.decode(bytearray(resp.frame))
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """SIGKILL the replica and its descendants (vLLM's EngineCore and workers survive a
+        SIGKILL of their parent alone, so the whole process group we created is killed)."""
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.proc.wait(timeout=30)
 
     def terminate(self) -> int:
