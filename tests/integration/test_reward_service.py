@@ -69,10 +69,15 @@ async def test_queue_path_scores_drops_malformed_and_acks(redis_server, tok_dir)
         bad = make_group(tok_dir, ["#### 3"], ["3"], uid="bad")
         bad.non_tensor_batch.pop("reward_model")
         g2 = make_group(tok_dir, ["12+7=19", "19", "18"], ["19"] * 3, "meshrl/arith", uid="u2")
-        await producer.put([g1, bad, g2])
-        n = 0
-        while n < 3:
-            n += await server.step()
+        from services.queues import RawItem
+
+        await producer.put([g1, bad])
+        await producer.put_frames([RawItem(b"MRLW\x01\x00not a frame at all", ("junk/0",))])  # garbage bytes
+        await producer.put([g2])
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while await producer.depth() > 0 and loop.time() < end:
+            await server.step()
         got = await drain(trainer, 2)
         by_uid = {it.data.non_tensor_batch["uid"][0]: it.data for it in got}
         assert set(by_uid) == {"u1", "u2"}
