@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.config.queues import RedisQueueConfig
+from services.config.queues import EmbeddedQueueConfig, RedisQueueConfig
 from services.queues import make_queue
 from trainer_svc.intake import QueueIntake
 from trainer_svc.synthetic import make_group
@@ -16,7 +16,15 @@ VOCAB = 64
 
 
 def _cfg(server):
+    if hasattr(server, "address"):  # the embedded broker
+        return EmbeddedQueueConfig(address=server.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
     return RedisQueueConfig(url=server.url, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
+
+
+@pytest.fixture(params=["redis", "embedded"])
+def server(request):
+    """Each intake test runs on both queue backends."""
+    return request.getfixturevalue("redis_server" if request.param == "redis" else "broker")
 
 
 def _group(uid: str, versions: list[int], response_len: int = 5, prompt_len: int = 4):
@@ -25,9 +33,9 @@ def _group(uid: str, versions: list[int], response_len: int = 5, prompt_len: int
     return g
 
 
-async def test_stale_samples_are_dropped_counted_and_acked_after_commit(redis_server):
-    producer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="trainer-0")
+async def test_stale_samples_are_dropped_counted_and_acked_after_commit(server):
+    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
     # current version 5, max_staleness 1: versions 4 and 5 are fresh, 3 and below stale.
     await consumer.depth()
     await producer.put(
@@ -65,10 +73,10 @@ async def test_stale_samples_are_dropped_counted_and_acked_after_commit(redis_se
     await consumer.close()
 
 
-async def test_uncommitted_batch_is_recovered_after_restart(redis_server):
+async def test_uncommitted_batch_is_recovered_after_restart(server):
     """A trainer that dies before commit loses nothing: the restarted intake takes the
     items its previous incarnation leased (even with automatic reclaim off) before new ones."""
-    cfg = _cfg(redis_server)
+    cfg = _cfg(server)
     producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
     first = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
     await first.depth()
@@ -87,8 +95,8 @@ async def test_uncommitted_batch_is_recovered_after_restart(redis_server):
         await q.close()
 
 
-async def test_timeout_when_batch_never_fills(redis_server):
-    consumer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="trainer-0")
+async def test_timeout_when_batch_never_fills(server):
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
     intake = QueueIntake(consumer, train_batch_size=2, max_staleness=0, poll_s=0.1)
     with pytest.raises(TimeoutError, match="0/2 groups"):
         await intake.next_batch(0, timeout=0.5)
@@ -97,9 +105,9 @@ async def test_timeout_when_batch_never_fills(redis_server):
     await consumer.close()
 
 
-async def test_skipped_nonfinite_step_is_recorded_honestly(redis_server):
-    producer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="trainer-0")
+async def test_skipped_nonfinite_step_is_recorded_honestly(server):
+    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
     await consumer.depth()
     await producer.put([_group("nan", [0, 0])])
     intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2)
@@ -112,9 +120,9 @@ async def test_skipped_nonfinite_step_is_recorded_honestly(redis_server):
     await consumer.close()
 
 
-async def test_malformed_items_are_dropped_with_a_reason_and_training_goes_on(redis_server, caplog):
-    producer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(_cfg(redis_server), stream="experience", group="trainer", consumer="trainer-0")
+async def test_malformed_items_are_dropped_with_a_reason_and_training_goes_on(server, caplog):
+    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
     await consumer.depth()
     no_scores = _group("no-scores", [0, 0])
     no_scores.pop(batch_keys=["token_level_scores"])
