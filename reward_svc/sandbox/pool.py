@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -93,12 +94,23 @@ def validate_result(value: Any, max_extra: int) -> CallResult:
     return CallResult(score, extra=extra)
 
 
+#: Environment variables a worker inherits; everything else (credentials such as a Redis
+#: password variable, tokens) stays in the service. ``MESHRL_REWARD_*`` is passed for users.
+_ENV_KEEP = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHASHSEED")
+
+
+def worker_env(parent: Mapping[str, str]) -> dict[str, str]:
+    """The scrubbed environment of a sandbox worker."""
+    env = {k: v for k, v in parent.items() if k in _ENV_KEEP or k.startswith(("LC_", "MESHRL_REWARD_"))}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
 class _Worker:
     """One worker process and its pipes."""
 
     def __init__(self, spec: SandboxSpec) -> None:
-        env = dict(os.environ)
-        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = worker_env(os.environ)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reward_svc.sandbox.worker"],
             stdin=subprocess.PIPE,

@@ -7,6 +7,7 @@ replaced, the rest of the group scored correctly.
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 
@@ -52,6 +53,8 @@ USER_CODE = textwrap.dedent(
             sys.stdout.flush()
             os.write(1, b"raw bytes on fd 1")
             return 0.25
+        if s == "env":
+            return {"score": 1.0, "secret": os.environ.get("MESHRL_TEST_SECRET"), "mine": os.environ.get("MESHRL_REWARD_X")}
         if s == "dict":
             return {"score": 0.5, "acc": True, "pred": "x"}
         if s == "nan":
@@ -86,11 +89,21 @@ def user_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pool(user_file):
+    saved = {k: os.environ.get(k) for k in ("MESHRL_TEST_SECRET", "MESHRL_REWARD_X")}
+    os.environ["MESHRL_TEST_SECRET"] = "hunter2"  # must not reach user code
+    os.environ["MESHRL_REWARD_X"] = "for-the-user"
     spec = SandboxSpec(path=user_file, kwargs={"bonus": 0.25}, num_workers=2, call_timeout_s=1.5,
                        memory_limit_mb=512, chunk_size=4)
-    p = SandboxPool(spec).start()
-    yield p
-    p.close()
+    try:
+        p = SandboxPool(spec).start()  # workers (and their replacements) copy the env at spawn
+        yield p
+        p.close()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def items(*texts, truth="a"):
@@ -175,6 +188,11 @@ def test_every_misbehaviour_in_one_group(pool):
     assert [r.kind for r in res] == [None, "timeout", "crash", None, "exception", "memory", None, None]
     assert [r.score for r in res] == [1.25, 0, 0, 1.25, 0, 0, 0.25, 1.25]
     assert [r.score for r in pool.score(items("a", "b"))] == [1.25, 0.25]  # still serving
+
+
+def test_workers_get_a_scrubbed_environment(pool):
+    (res,) = pool.score(items("env"))
+    assert res.extra == {"score": 1.0, "secret": None, "mine": "for-the-user"}
 
 
 def test_unserialisable_sample_fails_alone(pool):
