@@ -39,7 +39,7 @@ class JobController:
         self.progress = progress
         self.poll_s = poll_s
         self.procs: list[ServiceProcess] = []
-        self.history = History()
+        self.history = History(self.run_dir / "trainer_metrics.jsonl")
         self._stop_signal: int | None = None
         self._t0 = time.monotonic()
         self.state = "pending"
@@ -70,6 +70,7 @@ class JobController:
 
         t = json.loads(json.dumps(base))
         t["trainer"]["metrics_host"], t["trainer"]["metrics_port"] = host, free_port(host)
+        t["trainer"]["metrics_file"] = str(self.history.metrics_file)
         write("trainer", t)
         for i in range(spec.services.reward.replicas):
             r = json.loads(json.dumps(base))
@@ -173,24 +174,27 @@ class JobController:
                     self.state, self.detail = "cancelled", f"stopped by signal {self._stop_signal}"
                     self._log("meshrl run: interrupted; stopping the services (the trainer checkpoints first)")
                     return 130
+                tokens = 0.0
+                for u in rollout_urls:
+                    tokens += (await asyncio.to_thread(scrape, u + "/metrics")).get("meshrl_rollout_tokens_total", 0.0)
+                if self.history.read(tokens, time.monotonic() - self._t0) and bar is not None:
+                    last = self.history.steps[-1]
+                    bar.update(last["step"] - bar.n)
+                    bar.set_postfix(reward=f"{last['reward_mean']:.3f}", staleness=f"{last['staleness']:.2f}",
+                                    tok_s=f"{last['tokens_per_s']:.0f}")
                 if trainer.returncode == 0:
+                    self.history.read(tokens, time.monotonic() - self._t0)  # lines written just before exit
+                    if bar is not None and self.history.steps:
+                        bar.update(self.history.steps[-1]["step"] - bar.n)
                     self.state, self.detail = "succeeded", f"trained {spec.trainer.total_steps} steps"
                     return 0
                 for p in self.procs:
                     if p.returncode is not None:
                         raise ServiceFailed(p.failure())
                 t = await asyncio.to_thread(scrape, trainer_url + "/metrics")
-                tokens = 0.0
-                for u in rollout_urls:
-                    tokens += (await asyncio.to_thread(scrape, u + "/metrics")).get("meshrl_rollout_tokens_total", 0.0)
                 finished = (t.get("meshrl_trainer_samples_total", 0.0) + t.get("meshrl_trainer_dropped_stale_samples_total", 0.0)
                             + t.get("meshrl_trainer_dropped_error_samples_total", 0.0)) / n
                 await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s)
-                if self.history.observe(t, tokens, time.monotonic() - self._t0) and bar is not None:
-                    last = self.history.steps[-1]
-                    bar.update(last["step"] - bar.n)
-                    bar.set_postfix(reward=f"{last['reward_mean']:.3f}", staleness=f"{last['staleness']:.2f}",
-                                    tok_s=f"{last['tokens_per_s']:.0f}")
                 self._write_status(feeder=feeder, queues=await self._depths(watched))
                 await asyncio.sleep(self.poll_s)
         finally:

@@ -32,35 +32,50 @@ def scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
 
 
 class History:
-    """One row per trainer step, built from successive scrapes."""
+    """One row per trainer step.
 
-    def __init__(self) -> None:
+    The trainer appends one JSON line per committed step to ``trainer.metrics_file``
+    (step, staleness of the step's samples, its metrics); :meth:`read` picks up new lines,
+    so the last step is recorded even when the trainer exits right after it. Rollout
+    throughput comes from the replicas' token counters, scraped by the controller.
+    """
+
+    def __init__(self, metrics_file: str | Path | None = None) -> None:
+        self.metrics_file = Path(metrics_file) if metrics_file else None
         self.steps: list[dict[str, Any]] = []
-        self._last_step = 0
-        self._last = {"stale_sum": 0.0, "stale_count": 0.0, "tokens": 0.0, "t": 0.0}
+        self._offset = 0
+        self._last_tokens = 0.0
+        self._last_t = 0.0
 
-    def observe(self, trainer: dict[str, float], rollout_tokens: float, t: float) -> bool:
-        """Record a row if the trainer's step counter moved; returns whether it did."""
-        step = int(trainer.get("meshrl_trainer_steps_total", 0))
-        if step <= self._last_step:
+    def read(self, rollout_tokens: float, t: float) -> bool:
+        """Append rows for new lines of the metrics file; returns whether any were added."""
+        if self.metrics_file is None or not self.metrics_file.exists():
             return False
-        s_sum = trainer.get("meshrl_trainer_staleness_versions_sum", 0.0)
-        s_cnt = trainer.get("meshrl_trainer_staleness_versions_count", 0.0)
-        d_cnt = s_cnt - self._last["stale_count"]
-        dt = max(1e-9, t - self._last["t"])
-        self.steps.append(
-            {
-                "step": step,
-                "t": round(t, 2),
-                "reward_mean": float(trainer.get("meshrl_trainer_reward_mean", float("nan"))),
-                "loss": float(trainer.get("meshrl_trainer_loss", float("nan"))),
-                "staleness": (s_sum - self._last["stale_sum"]) / d_cnt if d_cnt > 0 else 0.0,
-                "tokens_per_s": (rollout_tokens - self._last["tokens"]) / dt,
-                "dropped_stale": trainer.get("meshrl_trainer_dropped_stale_samples_total", 0.0),
-            }
-        )
-        self._last_step = step
-        self._last = {"stale_sum": s_sum, "stale_count": s_cnt, "tokens": rollout_tokens, "t": t}
+        with open(self.metrics_file) as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete, _, _ = chunk.rpartition("\n")
+        if not complete:
+            return False
+        self._offset += len(complete.encode()) + 1
+        lines = [json.loads(line) for line in complete.splitlines() if line.strip()]
+        dt = max(1e-9, t - self._last_t)
+        rate = (rollout_tokens - self._last_tokens) / dt
+        for rec in lines:
+            m = rec.get("metrics") or {}
+            lags = rec.get("staleness") or []
+            self.steps.append(
+                {
+                    "step": int(rec["step"]),
+                    "t": round(t, 2),
+                    "reward_mean": float(m.get("critic/score/mean", float("nan"))),
+                    "loss": float(m.get("actor/loss", float("nan"))),
+                    "staleness": sum(lags) / len(lags) if lags else 0.0,
+                    "tokens_per_s": rate,
+                    "applied": bool(rec.get("applied", True)),
+                }
+            )
+        self._last_tokens, self._last_t = rollout_tokens, t
         return True
 
 

@@ -1,0 +1,76 @@
+"""`meshrl run`: a real job on this machine — embedded broker, real vLLM replica, reward
+worker, FSDP2 trainer — end to end, and a job whose service crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+@pytest.fixture(scope="module")
+def arith_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(out),
+                    "--train-size", "64", "--test-size", "8", "--max-operand", "9", "--ops", "+"],
+                   check=True, cwd=REPO, capture_output=True)
+    return out / "train.parquet"
+
+
+def _run(tmp_path, model, data, *overrides, timeout=600):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "run", str(REPO / "examples/quickstart.yaml"),
+         f"model.path={model}", f"data.train_files={data}", "data.val_files=[]",
+         "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
+         "trainer.total_steps=2", *overrides, "--run-dir", str(run_dir), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    return proc, run_dir
+
+
+def test_a_short_job_runs_to_completion(tmp_path, tiny_model, arith_data):
+    proc, run_dir = _run(tmp_path, tiny_model, arith_data)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "succeeded"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in summary["history"])
+    for png in ("reward.png", "staleness.png", "throughput.png"):
+        assert (run_dir / png).stat().st_size > 1000
+    for name in ("trainer", "reward-0", "rollout-0"):
+        assert (run_dir / "configs" / f"{name}.yaml").exists()
+    assert (run_dir / "checkpoints").exists()
+
+
+def test_a_crashing_service_stops_the_job_and_names_it(tmp_path, tiny_model, arith_data):
+    # A custom reward function file that does not exist: the reward worker refuses to start.
+    proc, run_dir = _run(tmp_path, tiny_model, arith_data,
+                         "reward.custom_reward_function.path=/nonexistent/reward.py", timeout=600)
+    assert proc.returncode == 1
+    assert "reward-0 exited with code" in proc.stdout
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "failed" and "reward-0" in status["detail"]
