@@ -80,6 +80,7 @@ class DataGroup:
         self.device = device_for(spec.backend)
         self._aborted = threading.Event()
         self._abort_reason = ""
+        self.release_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         # Weak: completion callbacks run on the backend's own threads and must never hold
         # (and so possibly destroy) the group there -- its destructor joins those threads.
@@ -136,8 +137,11 @@ class DataGroup:
         if self._aborted.is_set():
             raise TransferError(f"group {self.spec.store_prefix!r} was aborted: {self._abort_reason}")
         timeout = datetime.timedelta(seconds=self.spec.timeout_s)
+        pg = self._pg
+        if pg is None:
+            raise TransferError(f"group {self.spec.store_prefix!r} is closed")
         try:
-            work = self._pg.broadcast(buffer, 0, timeout)
+            work = pg.broadcast(buffer, 0, timeout)
         except Exception as e:
             raise TransferError(f"posting a broadcast failed: {e}") from e
         return PendingBroadcast(self, work)
@@ -147,9 +151,30 @@ class DataGroup:
         self.post(buffer).wait()
 
     def close(self) -> None:
-        """Stop using the group. Its sockets and threads are released when the last
-        reference goes (pending collectives end at their own deadline first)."""
+        """Stop using the group; release it in the background.
+
+        Destroying a process group joins its worker threads, which first finish (or time out
+        on) any collective still posted -- up to a deadline after a failed transfer. That
+        must not stall the caller (the next epoch is being formed), so the last reference
+        is dropped by a short-lived thread of its own.
+        """
         self.abort("closed")
+        with self._lock:
+            pg, self._pg = self._pg, None
+        if pg is not None:
+            holder = [pg]
+            del pg
+            self.release_thread = threading.Thread(target=holder.clear, name="weights-group-release", daemon=True)
+            self.release_thread.start()
+
+    def join_release(self, timeout: float) -> bool:
+        """Wait until the group is fully released (call before the process exits: a group
+        still being destroyed when the interpreter ends aborts the process)."""
+        t = self.release_thread
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
+        return True
 
 
 class PendingBroadcast:

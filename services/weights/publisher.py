@@ -96,6 +96,7 @@ class WeightPublisher:
         self._group: DataGroup | None = None
         self._members: list[_Subscriber] = []
         self._join_failed: list[str] = []
+        self._retired: list[DataGroup] = []  # closed groups, released in the background
         self._arena = SnapshotArena() if cfg.snapshot else None
         self._rotating = RotatingBuffers(self.device, slots=cfg.pipeline_depth + 1)
         self._closed = False
@@ -145,10 +146,12 @@ class WeightPublisher:
                 self.save_snapshot(path)
             except (OSError, SnapshotError) as e:
                 log.error("persisting the last snapshot to %s failed: %s", path, e)
-        if self._group is not None:
-            self._group.close()
+        self._retire_group()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(5.0)
+        deadline = time.monotonic() + self.cfg.transfer_timeout_s
+        for g in self._retired:  # groups being destroyed must finish before the process may exit
+            g.join_release(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> "WeightPublisher":
         return self.start()
@@ -285,8 +288,14 @@ class WeightPublisher:
         """Abort the current epoch: members drop it, the next publish forms a new one."""
         if send:
             self._send(members, control(K.CONTROL_KIND_ABORT, self.session, epoch, version, abort=pb.Abort(reason=reason)))
+        self._retire_group()
+
+    def _retire_group(self) -> None:
+        """Close the current group (released in the background; see DataGroup.close)."""
         if self._group is not None:
             self._group.close()
+            self._retired = [g for g in self._retired if g.release_thread and g.release_thread.is_alive()]
+            self._retired.append(self._group)
         self._group, self._members = None, []
 
     def _ensure_group(self) -> str | None:
@@ -298,9 +307,7 @@ class WeightPublisher:
             )
             if self._group is not None and candidates == self._members and not self._group.aborted:
                 return None
-            if self._group is not None:
-                self._group.close()
-            self._group, self._members = None, []
+            self._retire_group()
             if not candidates:
                 return None
             self._epoch += 1

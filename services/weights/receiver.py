@@ -144,6 +144,7 @@ class WeightReceiver:
         self.received_version = -1
         self.dropped_updates = 0
         self._threads: list[threading.Thread] = []
+        self._retired: list[DataGroup] = []  # closed groups, released in the background
         self._inflight: collections.deque = collections.deque()  # (Bucket, PendingBroadcast | None)
         self._pool: list[torch.Tensor] = []  # reuse_buffers: free bucket memory
         self._pool_lock = threading.Lock()
@@ -174,6 +175,10 @@ class WeightReceiver:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5.0)
+        deadline = time.monotonic() + self.cfg.transfer_timeout_s
+        for g in self._retired:  # groups being destroyed must finish before the process may exit
+            g.join_release(max(0.0, deadline - time.monotonic()))
+        self._retired = [g for g in self._retired if g.release_thread and g.release_thread.is_alive()]
         if self._channel is not None:
             self._channel.close()
         with self._cond:
@@ -325,8 +330,7 @@ class WeightReceiver:
                 while self._inflight:  # every other message comes after the buckets
                     self._guarded(self._complete_oldest)
             self._guarded(self._handle, msg)
-        if self._group is not None:
-            self._group.close()
+        self._drop_group()
         self._fail_current("receiver closed")
 
     def _guarded(self, fn, *args) -> None:  # noqa: ANN001
@@ -387,6 +391,7 @@ class WeightReceiver:
     def _drop_group(self) -> None:
         if self._group is not None:
             self._group.close()
+            self._retired.append(self._group)
             self._group = None
 
     def _join(self, msg: pb.ControlMessage) -> None:
