@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Quick start: install, then run the demo job. (Until the full job lands, this runs the
-# DataProto wire demo and the wire benchmark.)
+# Quick start: install into ./.venv, then train the tiny local model on single-digit
+# addition with GRPO (warm start, then RL), all on this machine. Last line:
+#   quickstart reward_start=<A> reward_end=<B> steps=<N> minutes=<M>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-.venv/bin/meshrl demo
-exec .venv/bin/python bench/wire.py
+exec .venv/bin/meshrl quickstart "$@"

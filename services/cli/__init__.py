@@ -25,6 +25,7 @@ class Subcommand:
 
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand("demo", "services.cli.demo", "build a DataProto, send it through the wire format, print it"),
+    Subcommand("quickstart", "services.cli.quickstart", "build the tiny model and task, warm-start, run GRPO (README's first command)"),
     Subcommand("run", "services.cli.run", "run a job on this machine (controller + all services as subprocesses)"),
     Subcommand("warm-start", "services.cli.warm_start", "a short supervised warm start (SFT) before RL"),
     Subcommand("validate", "services.cli.validate", "check a job spec and print it resolved (with a.b=c overrides)"),

@@ -21,6 +21,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-reply (a scraper timing out) is not an error worth a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):  # noqa: ANN001 (socketserver API)
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 class MetricsServer:
     """Serve ``/health`` (process alive), ``/ready`` (``ready()`` is true) and ``/metrics``."""
 
@@ -36,8 +49,7 @@ class MetricsServer:
         self.registry = registry
         self._ready = ready or (lambda: True)
         self._status = status
-        self._httpd = ThreadingHTTPServer((host, port), self._handler())
-        self._httpd.daemon_threads = True
+        self._httpd = _QuietServer((host, port), self._handler())
         self._thread: threading.Thread | None = None
 
     @property
