@@ -39,6 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--response-length", type=int, default=64, help="tokens generated per sample")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per side, alternating (medians compared)")
     p.add_argument("--threads", type=int, default=2, help="OMP threads for vLLM")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -241,8 +242,37 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
         log.close()
 
 
+def relay(argv: list[str]) -> int:
+    """Run the benchmark in a child process and print its result line last.
+
+    vLLM leaves a shared-memory object to Python's resource tracker, which warns about it on
+    stderr *after* the process exits; reading the child's output to EOF (the tracker holds
+    the pipe too) lets the result line come after every such message.
+    """
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, __file__, *argv, "--child"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    result = None
+    for line in proc.stdout:
+        if line.startswith("rollout ratio_vs_vllm="):
+            result = line
+        else:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    rc = proc.wait()
+    if result is None:
+        print(f"benchmark failed (exit code {rc})", file=sys.stderr)
+        return rc or 1
+    sys.stdout.write(result)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if not args.child:
+        return relay(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import asyncio
