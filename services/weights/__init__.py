@@ -23,16 +23,43 @@ torch.distributed group per membership epoch (gloo on CPU, NCCL on GPU) built fr
 TCPStore, a deadline on every collective. See docs/weights.md.
 """
 
-from services.weights.errors import (
-    PlanError,
-    SnapshotError,
-    TransferError,
-    VersionError,
-    WeightChannelError,
-)
-from services.weights.plan import ALIGN, DTYPES, Bucket, TensorSpec, iter_buckets
-from services.weights.publisher import PublishReport, WeightPublisher
-from services.weights.receiver import Snapshot, Update, WeightReceiver
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# Names are imported lazily (PEP 562) so ``python -m services.weights.probe --help`` and
+# config-only users do not pay for importing torch.
+_WHERE = {
+    "PlanError": "errors",
+    "SnapshotError": "errors",
+    "TransferError": "errors",
+    "VersionError": "errors",
+    "WeightChannelError": "errors",
+    "ALIGN": "plan",
+    "DTYPES": "plan",
+    "Bucket": "plan",
+    "TensorSpec": "plan",
+    "iter_buckets": "plan",
+    "PublishReport": "publisher",
+    "WeightPublisher": "publisher",
+    "Snapshot": "receiver",
+    "Update": "receiver",
+    "WeightReceiver": "receiver",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'services.weights' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"services.weights.{_WHERE[name]}"), name)
+
+
+if TYPE_CHECKING:
+    from services.weights.errors import PlanError, SnapshotError, TransferError, VersionError, WeightChannelError
+    from services.weights.plan import ALIGN, DTYPES, Bucket, TensorSpec, iter_buckets
+    from services.weights.publisher import PublishReport, WeightPublisher
+    from services.weights.receiver import Snapshot, Update, WeightReceiver
 
 __all__ = [
     "ALIGN",
