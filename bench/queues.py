@@ -10,7 +10,7 @@ Phases (one producer process, one consumer process, run one after the other):
 Each for 1 MB and 64 MB frames (encode on the producer and decode on the consumer are in
 every phase, TCP included). Throughput = bytes / (last decode - first send), clocks from
 CLOCK_MONOTONIC shared by both processes. Then 1 KB frames pipelined through redis
-(batched puts and gets of 2000, acked; transport only: frames encoded once up front, not
+(batched puts and gets of 500, acked; transport only: frames encoded once up front, not
 decoded) for messages per second. The last line:
     queues redis_ratio_vs_tcp=<R> embedded_ratio_vs_tcp=<E> redis_msgs_per_s_1kb=<M>
 with R and E the 64 MB-frame throughput ratios against TCP.
@@ -88,8 +88,8 @@ def producer_main(ctl, plan: list[dict]) -> None:
                 frame = bytes(wire.encode(make_frame(704, "m")))  # ~1 KB: 704 tensor bytes + header
                 items = [RawItem(frame, (f"m{i}",)) for i in range(n)]
                 t = time.monotonic()
-                for i in range(0, n, 2000):
-                    await q.put_frames(items[i : i + 2000])
+                for i in range(0, n, 500):
+                    await q.put_frames(items[i : i + 500])
                 await q.close()
                 return t
 
@@ -145,7 +145,7 @@ def consumer_main(ctl, plan: list[dict]) -> None:
                 ctl.send(None)
                 got = 0
                 while got < n:
-                    items = await q.get_frames(2000, 10.0)
+                    items = await q.get_frames(500, 10.0)
                     if not items:
                         raise RuntimeError(f"redis stream ran dry after {got} of {n} messages")
                     await q.ack(items)
