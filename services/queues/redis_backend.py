@@ -151,8 +151,12 @@ class RedisQueue(Queue):
                 else:
                     kind, value = "d", payload
                 args += [seq, json.dumps(it.sample_ids), kind, value, len(payload)]
-            await self._s_put(keys=[self.k_stream, self._k_seq, *self._k_ledger], args=args, client=pipe)
-            res = (await pipe.execute())[-1]
+            keys = [self.k_stream, self._k_seq, *self._k_ledger]
+            if len(pipe):  # large frames queued on redis-py (no blob connection): same round trip
+                await self._s_put(keys=keys, args=args, client=pipe)
+                res = (await pipe.execute())[-1]
+            else:  # a plain EVALSHA: no SCRIPT EXISTS round trip first
+                res = await self._s_put(keys=keys, args=args)
             gaps += int(res[0])
             status = res[1].decode()
             got = [x.decode() or None for x in res[2:]]

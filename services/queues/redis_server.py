@@ -41,11 +41,16 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def unix_url(self) -> str:
+        """The same server over its unix socket (``unix://...``)."""
+        return f"unix://{self.dir / 'redis.sock'}?db=0"
+
     def _args(self) -> list[str]:
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
             "--save", "", "--daemonize", "no", "--logfile", str(self.dir / "redis.log"),
-            "--protected-mode", "yes", "--proto-max-bulk-len", "1gb", "--client-query-buffer-limit", "1gb",
+            "--protected-mode", "yes", "--unixsocket", str(self.dir / "redis.sock"), "--unixsocketperm", "700", "--proto-max-bulk-len", "1gb", "--client-query-buffer-limit", "1gb",
         ]
         if self.aof:
             args += ["--appendonly", "yes", "--appendfsync", "always"]

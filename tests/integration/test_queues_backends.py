@@ -289,3 +289,21 @@ async def test_calls_to_a_dead_server_fail_at_their_deadline(env):
         await q.depth()
     assert q.stats()["reconnects"] > 0
     await q.close()
+
+
+async def test_redis_over_a_unix_socket_stores_large_frames_through_redis_py(redis_server):
+    cfg = RedisQueueConfig(url=redis_server.unix_url, large_frame_bytes=1024, op_timeout_s=5, max_depth=2)
+    p = make_queue(cfg, stream="u", group="g", consumer="p")
+    c = make_queue(cfg, stream="u", group="g", consumer="c")
+    assert p._blob is None  # the zero-copy connection is TCP only
+    big = group([f"u{i}" for i in range(3)], width=1000)  # 12 KB: stored aside
+    await p.put([big, group(["u3"], width=1000)])
+    with pytest.raises(QueueFullError):
+        await p.put([group(["u4"], width=1000)], timeout=0.2)
+    got = await c.get(4, 2.0)
+    assert [g.sample_ids for g in got] == [("u0", "u1", "u2"), ("u3",)]
+    assert torch.equal(got[0].data.batch["x"], big.batch["x"])
+    await c.ack(got)
+    assert len(await c._r.keys("*:b:*")) <= 1  # acked frames deleted; only the refused put's key may wait for its TTL
+    for q in (p, c):
+        await q.close()
