@@ -306,6 +306,7 @@ class RewardServer:
         opts = [
             ("grpc.max_receive_message_length", self.cfg.grpc_max_message_bytes),
             ("grpc.max_send_message_length", self.cfg.grpc_max_message_bytes),
+            ("grpc.so_reuseport", 0),  # never share a port with another server silently
         ]
         self.grpc_server = grpc.aio.server(options=opts)
         reward_pb2_grpc.add_RewardServiceServicer_to_server(_Servicer(self), self.grpc_server)

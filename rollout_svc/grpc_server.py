@@ -68,6 +68,7 @@ async def start_grpc_server(replica: Replica, host: str, port: int) -> tuple[grp
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),  # never share a port with another server silently
         ]
     )
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(make_servicer(replica), server)

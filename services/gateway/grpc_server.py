@@ -124,7 +124,8 @@ def start_grpc(
     manager: JobManager, token: str, *, host: str = "127.0.0.1", port: int = 0, workers: int = 8
 ) -> tuple[grpc.Server, int]:
     """Start a JobService server; return it and the bound port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jobservice"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jobservice"),
+                         options=[("grpc.so_reuseport", 0)])  # never share a port silently
     job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(manager, token), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

@@ -54,8 +54,10 @@ class JobController:
         if base["queues"]["type"] == "embedded":
             base["queues"]["address"] = f"{host}:{self.broker_port}"
         base["weights"]["host"] = host
-        base["weights"]["control_port"] = base["weights"]["control_port"] or free_port(host)
-        base["weights"]["rendezvous_port"] = base["weights"]["rendezvous_port"] or free_port(host)
+        # A local job owns its ports: fixed defaults (meant for one service per container)
+        # would let two jobs on one machine collide.
+        base["weights"]["control_port"] = free_port(host)
+        base["weights"]["rendezvous_port"] = free_port(host)
         if not base["weights"].get("snapshot_dir"):
             base["weights"]["snapshot_dir"] = str(self.run_dir / "snapshots")
         base["trainer"]["default_local_dir"] = str(self.run_dir / base["trainer"]["default_local_dir"])

@@ -38,6 +38,7 @@ def grpc_options() -> list[tuple[str, int]]:
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 2000),
+        ("grpc.so_reuseport", 0),  # never share a port with another server silently
     ]
 
 

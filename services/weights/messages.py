@@ -27,6 +27,7 @@ SERVER_OPTIONS = _MSG + [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.so_reuseport", 0),  # a second publisher on the same port must fail, not share it
 ]
 CLIENT_OPTIONS = _MSG + [
     ("grpc.keepalive_time_ms", 10_000),
