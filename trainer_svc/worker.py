@@ -36,6 +36,18 @@ from trainer_svc.ref import ReferencePolicy
 logger = logging.getLogger(__name__)
 
 
+def rollout_mismatch_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                             mask: torch.Tensor) -> dict[str, float]:
+    """How far the trainer's probabilities of the sampled tokens are from the replica's
+    (verl's ``training/rollout_probs_diff_*``): with ``max_staleness=0`` these measure the
+    numerical gap between the two engines; otherwise they include the policy change."""
+    m = mask.bool()
+    if not m.any():
+        return {}
+    diff = (old_log_probs.float().exp() - rollout_log_probs.float().exp()).abs()[m]
+    return {"training/rollout_probs_diff_mean": float(diff.mean()), "training/rollout_probs_diff_max": float(diff.max())}
+
+
 @dataclass
 class StepResult:
     """Outcome of one training step on this rank (metrics are identical on all ranks).
@@ -123,6 +135,9 @@ class TrainerWorker:
             if "response_mask" not in batch.batch.keys():
                 batch.batch["response_mask"] = core_algos.compute_response_mask(batch)
             metrics["actor/old_entropy"] = float(core_algos.masked_mean(full_ent, batch.batch["response_mask"]))
+        if "rollout_log_probs" in batch.batch.keys() and "response_mask" in batch.batch.keys():
+            metrics.update(rollout_mismatch_metrics(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                                                    batch.batch["response_mask"]))
         if self.ref is not None:
             batch.batch["ref_log_prob"] = plan.gather(self.ref.compute_ref_log_prob(local), ctx.cpu_group)
         if self.critic is not None:
