@@ -18,7 +18,7 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/quickstart", help="where model, data and the run go")
     p.add_argument("--spec", default=None, help="job spec (default: examples/quickstart.yaml of this checkout)")
-    p.add_argument("--warm-steps", type=int, default=60, help="supervised warm-start steps (default 60)")
+    p.add_argument("--warm-steps", type=int, default=50, help="supervised warm-start steps (default 50)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", help="a.b=c overrides for the job spec")
 
@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if not (model / "config.json").exists():
         build_tiny_model(model)
         print(f"[1/4] tiny model built: {model}", flush=True)
-    write_rows(synthetic.arith_rows(2000, seed=0, max_operand=9, ops="+"), data / "train.parquet")
-    write_rows(synthetic.arith_rows(100, seed=1, max_operand=9, ops="+", split="test"), data / "test.parquet")
+    write_rows(synthetic.arith_rows(2000, seed=0, max_operand=4, ops="+"), data / "train.parquet")
+    write_rows(synthetic.arith_rows(100, seed=1, max_operand=4, ops="+", split="test"), data / "test.parquet")
     print(f"[2/4] arithmetic prompts written: {data}", flush=True)
     res = warm_start(model, data / "train.parquet", warm, steps=args.warm_steps, log_every=0)
     print(f"[3/4] supervised warm start: {res.steps} steps, loss {res.final_loss:.3f}, "
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         return rc or 1
     s = json.loads(summary_path.read_text())
     print(f"plots: {run_dir / 'reward.png'}, {run_dir / 'staleness.png'}, {run_dir / 'throughput.png'}")
+    print(f"warm start expected reward {res.p_correct:.3f}; RL: first step {s['reward_start']:.3f}, "
+          f"last {min(5, len(s['history']))} steps {s['reward_end']:.3f}")
     print(f"quickstart reward_start={s['reward_start']:.3f} reward_end={s['reward_end']:.3f} "
           f"steps={s['steps']} minutes={minutes:.1f}")
     return 0

@@ -82,10 +82,11 @@ class History:
 def write_report(history: History, run_dir: Path) -> dict[str, Any]:
     """``summary.json`` plus ``reward.png``, ``staleness.png``, ``throughput.png`` in ``run_dir``."""
     rows = history.steps
-    k = max(1, min(5, len(rows) // 4 or 1))
+    k = min(5, len(rows))
     summary = {
         "steps": rows[-1]["step"] if rows else 0,
-        "reward_start": sum(r["reward_mean"] for r in rows[:k]) / k if rows else None,
+        # the first step trains on samples of the starting policy: its reward is where RL starts
+        "reward_start": rows[0]["reward_mean"] if rows else None,
         "reward_end": sum(r["reward_mean"] for r in rows[-k:]) / k if rows else None,
         "seconds": rows[-1]["t"] if rows else 0.0,
         "history": rows,
