@@ -180,7 +180,16 @@ class LocalLauncher(Launcher):
             return JobStatus(state, detail, None, metrics_url, progress)
         pid = int(handle["pid"])
         child = self._children.get(pid)
-        rc = child.poll() if child is not None else None
+        rc = None
+        if child is not None:
+            # poll() answers None while another thread holds the child's wait lock (the
+            # gateway polls from several threads): the driver has exited, so wait briefly.
+            rc = child.poll()
+            if rc is None:
+                try:
+                    rc = child.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    rc = None
         if pid in self._cancelled:
             return JobStatus(JobState.CANCELLED, detail or "cancelled", rc, None, progress)
         if rc == 0:
