@@ -10,26 +10,22 @@ from __future__ import annotations
 
 import argparse
 
+from services.cli.common import add_spec_arguments, load_spec_or_report
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", help="job spec YAML")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=10")
+    add_spec_arguments(p)
     p.add_argument("--run-dir", default=None, help="where configs, logs, checkpoints and plots go "
                    "(default: runs/<name>-<timestamp>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
     import time
     from pathlib import Path
 
-    from services.config.job import JobSpecError, load_job
-
-    try:
-        spec = load_job(args.spec, args.overrides)
-    except JobSpecError as exc:
-        print(f"{args.spec}: {exc}", file=sys.stderr)
+    spec = load_spec_or_report(args)
+    if spec is None:
         return 2
     run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     from services.launch.controller import JobController

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from services.cli.common import add_spec_arguments, load_spec_or_report
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", help="job spec YAML")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.optim.lr=1e-6 rollout.n=4")
+    add_spec_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from services.config.job import JobSpecError, dump_job, load_job
+    from services.config.job import dump_job
 
-    try:
-        spec = load_job(args.spec, args.overrides)
-    except JobSpecError as exc:
-        print(f"{args.spec}: {exc}", file=sys.stderr)
+    spec = load_spec_or_report(args)
+    if spec is None:
         return 2
     sys.stdout.write(dump_job(spec))
     return 0

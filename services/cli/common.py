@@ -1,0 +1,25 @@
+"""Small helpers shared by the ``meshrl`` subcommands (no heavy imports)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_spec_arguments(p: argparse.ArgumentParser) -> None:
+    """The positional ``spec`` and ``overrides`` every job-spec command takes."""
+    p.add_argument("spec", help="job spec YAML")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.optim.lr=1e-6 rollout.n=4")
+
+
+def load_spec_or_report(args: argparse.Namespace) -> Any | None:
+    """The validated job spec of ``args.spec`` + ``args.overrides``; None after printing
+    the problems (each ``field: what is wrong``) to stderr."""
+    from services.config.job import JobSpecError, load_job
+
+    try:
+        return load_job(args.spec, args.overrides)
+    except JobSpecError as exc:
+        print(f"{args.spec}: {exc}", file=sys.stderr)
+        return None
