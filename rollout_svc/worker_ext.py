@@ -17,6 +17,30 @@ from __future__ import annotations
 from typing import Any
 
 
+def refresh_embedding_kernels(model: Any) -> int:
+    """Rebuild the CPU matmul kernels of embedding-type layers from their current weights.
+
+    On CPU, vLLM packs each embedding's weight into a GEMM kernel once, after loading, for
+    its use as an LM head (tied embeddings: ``lm_head`` *is* ``embed_tokens``). An in-place
+    ``reload_weights`` updates the weight but not that packed copy, so the replica would
+    keep computing logits with the old LM head while the trainer moves on. Linear layers
+    are unaffected (their kernels are rebuilt by the reload). No-op on GPUs, where the LM
+    head reads the weight directly. Returns how many layers were refreshed."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if isinstance(method, UnquantizedEmbeddingMethod) and weight is not None and weight.numel() > 0:
+            method.process_weights_after_loading(module)
+            count += 1
+    return count
+
+
 class MeshWorkerExtension:
     """Worker-side weight loading for meshrl replicas (mixed into vLLM's Worker class)."""
 
@@ -39,6 +63,7 @@ class MeshWorkerExtension:
                     yield name, t
 
         self.reload_weights(weights_iterator=named_tensors())  # type: ignore[attr-defined]
+        stats["refreshed_kernels"] = refresh_embedding_kernels(self.model_runner.get_model())  # type: ignore[attr-defined]
         return stats
 
     def meshrl_param_checksum(self, name: str) -> float:
