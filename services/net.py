@@ -30,3 +30,22 @@ def wait_for_port(host: str, port: int, timeout: float, proc=None) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{host}:{port} did not open within {timeout:.1f}s") from None
             time.sleep(0.05)
+
+
+def terminate_then_kill(proc, grace: float = 5.0) -> int | None:
+    """Stop a ``subprocess.Popen``: SIGTERM, wait ``grace`` seconds, then SIGKILL.
+
+    Safe to call on a process that already exited (or was never started: ``None``);
+    returns the exit code."""
+    import subprocess
+
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    return proc.returncode

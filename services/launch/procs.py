@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.net import terminate_then_kill
+
 
 class ServiceFailed(RuntimeError):
     """A service exited (or never became ready); the message says which and why."""
@@ -97,16 +99,7 @@ class ServiceProcess:
 
     def stop(self, grace: float = 20.0) -> int | None:
         """SIGTERM, wait ``grace`` seconds, then SIGKILL. Returns the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.signal(signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        return self.proc.returncode
+        return terminate_then_kill(self.proc, grace=grace)
 
 
 def python_module_argv(module: str, *args: str) -> list[str]:

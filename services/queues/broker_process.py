@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.net import free_port, wait_for_port
+from services.net import free_port, terminate_then_kill, wait_for_port
 
 
 class BrokerProcess:
@@ -63,15 +63,7 @@ class BrokerProcess:
         return self.start(timeout)
 
     def stop(self) -> None:
-        p = self.proc
-        if p is None or p.poll() is not None:
-            return
-        p.terminate()
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
+        terminate_then_kill(self.proc, grace=5.0)
 
     def __enter__(self) -> "BrokerProcess":
         return self.start()

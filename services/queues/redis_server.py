@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from services.net import free_port, wait_for_port
+from services.net import free_port, terminate_then_kill, wait_for_port
 
 
 class RedisServer:
@@ -111,17 +111,9 @@ class RedisServer:
 
     def stop(self) -> None:
         """Terminate (then kill) the server; safe to call twice."""
-        p = self.proc
-        if p is None or p.poll() is not None:
-            return
-        p.terminate()
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
-        if p.stderr is not None:
-            p.stderr.close()
+        terminate_then_kill(self.proc, grace=5.0)
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def __enter__(self) -> "RedisServer":
         return self.start()
