@@ -131,12 +131,14 @@ async def _through_queue(feeder, sink, prompts, n, tag) -> tuple[int, float, int
     while got < len(items):
         if time.monotonic() > deadline:
             raise TimeoutError(f"service delivered {got}/{len(items)} groups in 600s")
-        for leased in await sink.get(max_items=256, timeout=1.0):
+        batch = await sink.get(max_items=256, timeout=1.0)
+        for leased in batch:
             d = leased.data
             tokens += int(d.batch["response_mask"].sum())
             errors += sum(1 for e in d.non_tensor_batch["error"] if e)
             got += 1
-            await sink.ack(leased)
+        if batch:
+            await sink.ack(batch)  # as a consumer does: one ack per read
     return tokens, time.perf_counter() - t0, errors
 
 

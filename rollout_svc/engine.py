@@ -20,6 +20,7 @@ Weights reach the worker process as a safetensors file on tmpfs, loaded by
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import tempfile
@@ -83,6 +84,9 @@ class RolloutEngine:
         self.last_weight_load_s = 0.0
         self._update_lock = asyncio.Lock()
         self._abort_epoch = 0  # bumped by every abort-mode weight update
+        # vLLM request ids: unique per engine; a counter is cheaper than a uuid per sample
+        self._request_prefix = uuid.uuid4().hex[:8]
+        self._request_seq = itertools.count()
         self.in_flight = 0
         self.tokens_generated = 0
         self.prefix_reset_failures = 0
@@ -216,13 +220,17 @@ class RolloutEngine:
         err = self.check_prompt(prompt_ids)
         if err:
             return Sample(prompt_ids=[], policy_version=self.version, finish_reason="error", error=err)
-        ids = [int(t) for t in prompt_ids]
+        return await self._generate_checked([int(t) for t in prompt_ids], sampling, sample_id)
+
+    async def _generate_checked(self, ids: list[int], sampling: SamplingConfig, sample_id: str) -> Sample:
+        """``generate_one`` for a prompt ``check_prompt`` accepted (``ids``: a list of ints)."""
         params = self.sampling_params(sampling, self.sample_seed(sample_id))
+        request_id = f"{sample_id}#{self._request_prefix}-{next(self._request_seq)}"
         version = self.version
         self.in_flight += 1
         try:
             final = None
-            async for out in self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"{sample_id}#{uuid.uuid4().hex[:8]}"):
+            async for out in self.llm.generate({"prompt_token_ids": ids}, params, request_id=request_id):
                 final = out
         except asyncio.CancelledError:
             raise
@@ -247,9 +255,14 @@ class RolloutEngine:
         With ``on_weight_update="abort_requeue"`` a group that lost samples to a weight
         update is regenerated whole (so every sample of a group has one version).
         """
+        err = self.check_prompt(prompt_ids)  # once per group, not per sample
+        if err:
+            return [Sample(prompt_ids=[], policy_version=self.version, finish_reason="error", error=err)
+                    for _ in sample_ids]
+        ids = [int(t) for t in prompt_ids]
         while True:
             epoch = self._abort_epoch
-            samples = list(await asyncio.gather(*(self.generate_one(prompt_ids, sampling, s) for s in sample_ids)))
+            samples = list(await asyncio.gather(*(self._generate_checked(ids, sampling, s) for s in sample_ids)))
             aborted = any(s.finish_reason == "abort" for s in samples)
             if not aborted or self.llm is None or self._abort_epoch == epoch:
                 return samples

@@ -1,0 +1,104 @@
+"""The replica's delivery path over a real queue (the embedded gRPC broker process):
+finished items are written in batches, and a failed write loses nothing.
+
+The engine is not involved: these tests hand the replica already-packed groups, so they
+run in a second and need no vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from services.config.queues import parse_queue_config
+
+
+def _prompt_item(uid: str):
+    from services.protocol import DataProto
+
+    col = np.empty(1, dtype=object)
+    col[0] = [1, 2, 3]
+    return DataProto.from_dict(non_tensors={"raw_prompt_ids": col, "uid": np.array([uid], dtype=object),
+                                            "sample_id": np.array([uid], dtype=object)}, meta_info={"n": 2})
+
+
+def _group(uid: str):
+    import torch
+
+    from services.protocol import DataProto
+
+    return DataProto.from_dict(tensors={"responses": torch.arange(4).view(2, 2)},
+                               non_tensors={"uid": np.array([uid] * 2, dtype=object),
+                                            "sample_id": np.array([f"{uid}/0", f"{uid}/1"], dtype=object)})
+
+
+def _replica(prompts, rollouts):
+    from rollout_svc.replica import Replica
+    from services.config.rollout import RolloutConfig
+
+    return Replica(None, RolloutConfig(), name="r0", prompts=prompts, rollouts=rollouts)
+
+
+def _queues(address: str, **rollouts_cfg):
+    from services.queues import make_queue
+
+    qcfg = parse_queue_config({"type": "embedded", "address": address})
+    out_cfg = parse_queue_config({"type": "embedded", "address": address, **rollouts_cfg})
+    return (make_queue(qcfg, stream="prompts", group="rollout", consumer="feeder"),
+            make_queue(qcfg, stream="prompts", group="rollout", consumer="r0"),
+            make_queue(out_cfg, stream="rollouts", group="reward", consumer="r0-out"),
+            make_queue(qcfg, stream="rollouts", group="reward", consumer="reader"))
+
+
+def test_items_finished_together_are_written_in_one_put(broker) -> None:
+    async def scenario():
+        feeder, prompts, rollouts, sink = _queues(broker.address)
+        await feeder.put([_prompt_item(f"p{i}") for i in range(10)])
+        leased = await prompts.get(max_items=10, timeout=5.0)
+        assert len(leased) == 10
+        replica = _replica(prompts, rollouts)
+        calls = []
+        real_put = rollouts.put
+
+        async def spy_put(items, **kw):  # the real put runs; we only record its batch size
+            calls.append(len(items))
+            return await real_put(items, **kw)
+
+        rollouts.put = spy_put
+        await asyncio.wait_for(asyncio.gather(*(replica._deliver(it, [_group(f"p{i}")])
+                                                for i, it in enumerate(leased))), timeout=30)
+        got = await sink.get(max_items=20, timeout=5.0)
+        depth = await prompts.depth()
+        for q in (feeder, prompts, rollouts, sink):
+            await q.close()
+        return calls, got, depth
+
+    calls, got, depth = asyncio.run(scenario())
+    assert calls == [10]  # all ten finished in the same tick: one write, not ten
+    assert sorted(g.data.non_tensor_batch["uid"][0] for g in got) == sorted(f"p{i}" for i in range(10))
+    assert depth == 0  # and every prompt item was acknowledged after it
+
+
+def test_a_failed_write_keeps_every_item_leased(broker) -> None:
+    """rollouts is full (max_depth 1, nobody reading): the write fails at its deadline, each
+    waiting item gets the error and stays leased on ``prompts`` for a retry."""
+    from services.queues import QueueFullError
+
+    async def scenario():
+        feeder, prompts, rollouts, sink = _queues(broker.address, max_depth=1, put_timeout_s=0.5)
+        await rollouts.put([_group("filler")])  # the stream is now at max_depth
+        await feeder.put([_prompt_item(f"p{i}") for i in range(3)])
+        leased = await prompts.get(max_items=3, timeout=5.0)
+        replica = _replica(prompts, rollouts)
+        res = await asyncio.wait_for(asyncio.gather(*(replica._deliver(it, [_group(f"p{i}")])
+                                                      for i, it in enumerate(leased)), return_exceptions=True),
+                                     timeout=30)
+        depth = await prompts.depth()
+        for q in (feeder, prompts, rollouts, sink):
+            await q.close()
+        return res, depth
+
+    res, depth = asyncio.run(scenario())
+    assert len(res) == 3 and all(isinstance(r, QueueFullError) for r in res), res
+    assert depth == 3  # nothing acknowledged: all three are reclaimed and generated again
