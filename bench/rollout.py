@@ -13,7 +13,13 @@ number of tokens):
 
 Both run side by side (the service idles while the baseline runs and vice versa): each
 is warmed up, then the timed set runs ``--repeats`` times alternating which side goes first, so
-both see the same background load; the medians are compared. Then a weight update is published over the weight channel (gloo) to the
+both see the same background load; the medians are compared.
+
+Settling: after its last step a vLLM worker keeps busy-polling its shared-memory queue for
+about a second (vLLM's ``SpinCondition``), and on CPU both engines' workers are bound to the
+same core, so whichever side ran second used to lose that second to the other's idle spin
+(runs going second were ~12% slower, whichever side it was). Each timed run therefore starts
+``--settle`` seconds after the previous one ended. Then a weight update is published over the weight channel (gloo) to the
 running service, and its load time (stage + pause + in-place load + resume) is read back.
 
 Last line: ``rollout ratio_vs_vllm=<R> tokens_per_s=<T> weight_load_s=<W>`` where R is the
@@ -37,7 +43,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=256, help="prompt groups in the timed set")
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--response-length", type=int, default=64, help="tokens generated per sample")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per side, alternating (medians compared)")
+    p.add_argument("--repeats", type=int, default=6,
+                   help="timed runs per side, alternating which goes first (even: each side first equally often)")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="seconds to wait before each timed run (see 'Settling' in the module docstring)")
     p.add_argument("--threads", type=int, default=2, help="OMP threads for vLLM")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -147,6 +156,7 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
 
     Alternating makes both see the same background load on a shared machine. Returns
     ``(baseline_runs, service_runs, weight_load_s)`` with runs as (tokens, seconds)."""
+    import asyncio
     import json
     import subprocess
 
@@ -205,8 +215,9 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
 
             for r in range(args.repeats):  # ABBA order: neither side always goes first
                 first, second = (baseline_run, service_run) if r % 2 == 0 else (service_run, baseline_run)
-                await first(r)
-                await second(r)
+                for side in (first, second):
+                    await asyncio.sleep(args.settle)  # let the other engine's worker stop spinning
+                    await side(r)
         finally:
             base.close()
         # a weight update through the channel to the running service
