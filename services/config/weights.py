@@ -91,6 +91,14 @@ class WeightChannelConfig(StrictModel):
         "machine's hostname (gloo's default device).",
     )
     gloo_threads: int = Field(2, ge=1, le=64, description="Worker threads of each gloo group.")
+    gloo_devices: int = Field(
+        2,
+        ge=1,
+        le=8,
+        description="Publisher side, gloo only: connection sets (each with its own I/O thread) of "
+        "every data group; consecutive broadcasts alternate between them, so pipelined buckets "
+        "travel in parallel. Sent to the replicas in JOIN (all ranks must agree).",
+    )
     snapshot: bool = Field(
         True,
         description="Keep the latest published version in reusable CPU buffers (one model copy "

@@ -51,6 +51,8 @@ class GroupSpec:
     world_size: int
     backend: str
     timeout_s: float
+    gloo_devices: int = 1
+    """gloo: connection sets per rank (the same on every rank; see ``DataGroup``)."""
 
 
 def connect_store(host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.TCPStore:
@@ -91,12 +93,16 @@ class DataGroup:
             if spec.backend == "gloo":
                 opts = dist.ProcessGroupGloo._Options()
                 opts._timeout = timeout
-                dev = (
+                # Each device is a full set of connections with its own I/O thread, and
+                # gloo hands consecutive collectives to the devices in turn: with two, the
+                # publisher's pipelined broadcasts move in parallel instead of sharing one
+                # thread's sockets (the CPU data plane's bottleneck on one host).
+                opts._devices = [
                     dist.ProcessGroupGloo.create_device(interface=gloo_interface)
                     if gloo_interface
                     else dist.ProcessGroupGloo.create_default_device()
-                )
-                opts._devices = [dev]
+                    for _ in range(max(1, spec.gloo_devices))
+                ]
                 opts._threads = gloo_threads
                 self._pg = dist.ProcessGroupGloo(prefixed, spec.rank, spec.world_size, opts)
             else:

@@ -21,6 +21,8 @@ PAYLOAD_OF_KIND = {
     K.CONTROL_KIND_ABORT: "abort",
 }
 MAX_REPLICA_ID = 128
+MAX_GLOO_DEVICES = 8
+"""Most gloo devices a JOIN may ask for (each is a set of connections and a thread)."""
 _MSG = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 SERVER_OPTIONS = _MSG + [
     ("grpc.keepalive_time_ms", 10_000),
@@ -83,6 +85,8 @@ def check_control(m: pb.ControlMessage) -> str:
             raise WeightChannelError(f"JOIN with rank {j.rank} / world_size {j.world_size}")
         if j.backend not in ("gloo", "nccl") or not j.timeout_s > 0 or not j.store_host or not j.store_port:
             raise WeightChannelError(f"JOIN with bad group settings: {j}")
+        if j.gloo_devices > MAX_GLOO_DEVICES:
+            raise WeightChannelError(f"JOIN with gloo_devices={j.gloo_devices} (at most {MAX_GLOO_DEVICES})")
     return expected
 
 

@@ -322,11 +322,12 @@ class WeightPublisher:
             world_size=len(candidates) + 1,
             backend=self.backend,
             timeout_s=self.cfg.transfer_timeout_s,
+            gloo_devices=self.cfg.gloo_devices,
         )
         for rank, s in enumerate(candidates, start=1):
             join = pb.Join(rank=rank, world_size=spec.world_size, store_host=spec.store_host,
                            store_port=spec.store_port, store_prefix=spec.store_prefix,
-                           backend=spec.backend, timeout_s=spec.timeout_s)
+                           backend=spec.backend, timeout_s=spec.timeout_s, gloo_devices=spec.gloo_devices)
             s.outbox.put(control(K.CONTROL_KIND_JOIN, self.session, epoch, -1, join=join))
         started = time.monotonic()
         try:

@@ -396,7 +396,8 @@ class WeightReceiver:
 
     def _join(self, msg: pb.ControlMessage) -> None:
         j = msg.join
-        spec = GroupSpec(j.store_host, j.store_port, j.store_prefix, j.rank, j.world_size, j.backend, j.timeout_s)
+        spec = GroupSpec(j.store_host, j.store_port, j.store_prefix, j.rank, j.world_size, j.backend, j.timeout_s,
+                         gloo_devices=max(1, j.gloo_devices))
         try:
             if self._store_addr != (j.store_host, j.store_port):
                 self._store = connect_store(j.store_host, j.store_port, j.timeout_s)

@@ -85,7 +85,7 @@ def test_rotating_buffers_alternate_and_grow():
     assert rb.buffer(3, 100).numel() == 100
 
 
-def two_rank_group(timeout_s: float, prefix: str):
+def two_rank_group(timeout_s: float, prefix: str, gloo_devices: int = 1):
     """A 2-rank gloo group: (publisher DataGroup, receiver DataGroup), built concurrently."""
     port = free_port()
     master = connect_store("127.0.0.1", port, timeout_s, is_master=True)
@@ -93,7 +93,7 @@ def two_rank_group(timeout_s: float, prefix: str):
     out: dict = {}
 
     def build(rank, store):
-        spec = GroupSpec("127.0.0.1", port, prefix, rank, 2, "gloo", timeout_s)
+        spec = GroupSpec("127.0.0.1", port, prefix, rank, 2, "gloo", timeout_s, gloo_devices=gloo_devices)
         out[rank] = DataGroup(spec, store)
 
     ts = [threading.Thread(target=build, args=(r, s)) for r, s in ((0, master), (1, client))]
@@ -129,6 +129,21 @@ def test_group_broadcast_then_deadline_and_abort():
     with pytest.raises(TransferError, match="ABORT"):
         waiting.wait(timeout_s=30)
     root2.broadcast(src)  # the root's send completes the peer's abandoned receive; no hang
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_group_with_several_devices_keeps_concurrent_broadcasts_in_order():
+    """Consecutive broadcasts alternate between the gloo devices and run concurrently; each
+    still lands in the buffer its receiver posted for it."""
+    root, peer, _stores = two_rank_group(20.0, "devices/", gloo_devices=3)
+    srcs = [torch.full((1 << 20,), i, dtype=torch.uint8) for i in range(7)]
+    dsts = [torch.zeros(1 << 20, dtype=torch.uint8) for _ in srcs]
+    recv = [peer.post(d) for d in dsts]
+    sent = [root.post(s) for s in srcs]
+    for p in sent + recv:
+        p.wait()
+    assert all(torch.equal(s, d) for s, d in zip(srcs, dsts))
 
 
 @pytest.mark.distributed

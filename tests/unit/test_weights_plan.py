@@ -140,6 +140,10 @@ def test_control_messages_must_match_their_kind():
     bad_join = pb.Join(rank=0, world_size=2, store_host="h", store_port=1, store_prefix="p", backend="gloo", timeout_s=1)
     with pytest.raises(WeightChannelError, match="rank"):
         check_control(control(K.CONTROL_KIND_JOIN, 7, 1, -1, join=bad_join))
+    greedy = pb.Join(rank=1, world_size=2, store_host="h", store_port=1, store_prefix="p", backend="gloo",
+                     timeout_s=1, gloo_devices=1000)  # would open 1000 connection sets and threads
+    with pytest.raises(WeightChannelError, match="gloo_devices"):
+        check_control(control(K.CONTROL_KIND_JOIN, 7, 1, -1, join=greedy))
     with pytest.raises(WeightChannelError, match="unknown kind"):
         check_control(pb.ControlMessage(kind=99, session=7))
     with pytest.raises(ValueError):
