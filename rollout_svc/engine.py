@@ -270,13 +270,17 @@ class RolloutEngine:
 
     # -- weights -----------------------------------------------------------------------------
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
+    async def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, rollback: bool = False
+    ) -> float:
         """Load a full set of checkpoint-format tensors as ``version``; returns seconds spent.
 
         The tensors are validated against the model's names and shapes first; on any error
         (:class:`WeightUpdateError`) the engine keeps serving the old weights and version.
+        ``version`` must be newer than the served one unless ``rollback`` (the trainer
+        restarted from a checkpoint: its versions replace those of the run that died).
         """
-        if version <= self.version:
+        if version <= self.version and not rollback:
             raise WeightUpdateError(f"version {version} is not newer than the served version {self.version}")
         t0 = time.perf_counter()
         shm = "/dev/shm" if Path("/dev/shm").is_dir() else None

@@ -112,6 +112,7 @@ class Replica:
         self.groups_in_flight = 0
         self.groups_done = 0
         self.weight_updates = 0
+        self.weights_session = 0  # weight-channel session of the served version (0: initial weights)
         self.rate = RateTracker()
         self._tasks: set[asyncio.Task] = set()
         self._slot_free = asyncio.Event()
@@ -292,13 +293,29 @@ class Replica:
 
     # -- weights ---------------------------------------------------------------------------------
 
-    async def apply_weights(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """Load ``version`` into the engine in place (see ``RolloutEngine.update_weights``)."""
-        secs = await self.engine.update_weights(named_tensors, version)
+    async def apply_weights(
+        self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], *, session: int | None = None
+    ) -> float:
+        """Load ``version`` into the engine in place (see ``RolloutEngine.update_weights``).
+
+        ``session``: the weight-channel session the version belongs to. A version of a new
+        session replaces the served one even when its number is not higher (see
+        ``supersedes``)."""
+        rollback = session is not None and self.weights_session not in (0, session)
+        secs = await self.engine.update_weights(named_tensors, version, rollback=rollback)
+        if session is not None:
+            self.weights_session = session
         self.weight_updates += 1
         self.metrics.weight_load.observe(secs)
         log.info("replica %s now serves policy version %d (loaded in %.3fs)", self.name, version, secs)
         return secs
+
+    def supersedes(self, version: int, session: int) -> bool:
+        """Whether ``version`` of weight-channel ``session`` should replace the served weights:
+        it is newer, or the served version came from another session. A trainer that
+        restarted from a checkpoint numbers its versions again from that checkpoint, below
+        what the run that died had published; its versions are the ones that count."""
+        return version > self.engine.version or self.weights_session not in (0, session)
 
     def status(self) -> dict[str, Any]:
         """A JSON-able snapshot of the replica's state (also ``/status`` and gRPC Status)."""

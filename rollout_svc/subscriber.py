@@ -27,19 +27,23 @@ log = logging.getLogger(__name__)
 
 
 async def catch_up_from_snapshot(replica: Replica, rx, timeout_s: float, target: int = -1, poll_s: float = 0.2) -> bool:
-    """Load the publisher's snapshot if it is newer than the served version; True if loaded.
+    """Load the publisher's snapshot if it supersedes the served version; True if loaded.
 
     ``target``: a version known to exist (e.g. one whose transfer just failed); its snapshot
-    may still be being written, so we poll for it until ``timeout_s``.
+    may still be being written, so we poll for it until ``timeout_s``. A publisher of another
+    session than the served weights' (a restarted trainer) is followed whatever its version.
     """
     import time
 
     deadline = time.monotonic() + timeout_s
     while True:
         left = max(0.1, deadline - time.monotonic())
-        snap = await asyncio.to_thread(rx.fetch_snapshot, replica.engine.version + 1, left)
-        if snap is not None and snap.version > replica.engine.version:
-            await replica.apply_weights(snap.version, snap.tensors())
+        session = rx.session
+        other_line = replica.weights_session not in (0, session)
+        min_version = -1 if other_line else replica.engine.version + 1
+        snap = await asyncio.to_thread(rx.fetch_snapshot, min_version, left)
+        if snap is not None and replica.supersedes(snap.version, session):
+            await replica.apply_weights(snap.version, snap.tensors(), session=session)
             rx.report_loaded(snap.version)
             log.info("replica %s caught up to v%d from the snapshot", replica.name, snap.version)
             return True
@@ -54,7 +58,10 @@ async def follow_updates(replica: Replica, rx, stop: asyncio.Event, poll_s: floa
 
     timeout = rx.cfg.transfer_timeout_s
     needs_catch_up, target = True, -1
+    session = rx.session
     while not stop.is_set():
+        if rx.session != session:  # the receiver reconnected to a restarted publisher
+            session, needs_catch_up, target = rx.session, True, -1
         if needs_catch_up:
             try:
                 await catch_up_from_snapshot(replica, rx, timeout, target)
@@ -70,11 +77,11 @@ async def follow_updates(replica: Replica, rx, stop: asyncio.Event, poll_s: floa
             continue
         if update is None:
             continue
-        if update.version <= replica.engine.version:
+        if not replica.supersedes(update.version, update.session):
             await asyncio.to_thread(lambda: sum(1 for _ in update.tensors()))  # drain, keep serving
             continue
         try:
-            await replica.apply_weights(update.version, update.tensors())
+            await replica.apply_weights(update.version, update.tensors(), session=update.session)
             rx.report_loaded(update.version)
         except TransferError as exc:
             log.warning("replica %s: transfer of v%d failed (%s); catching up via snapshot",
@@ -90,7 +97,7 @@ async def run_weight_subscriber(replica: Replica, cfg, name: str, stop: asyncio.
     from services.weights import WeightChannelError, WeightReceiver
 
     while not stop.is_set():
-        rx = WeightReceiver(cfg, name, served_version=replica.engine.version)
+        rx = WeightReceiver(cfg, name, served_version=replica.engine.version, served_session=replica.weights_session)
         try:
             await asyncio.to_thread(rx.connect)
             await follow_updates(replica, rx, stop)

@@ -408,7 +408,9 @@ class WeightPublisher:
         return self._arena.save(Path(path))
 
     # ------------------------------------------------------------------ servicer hooks
-    def _subscribe(self, replica_id: str, served_version: int) -> _Subscriber:
+    def _subscribe(self, replica_id: str, served_version: int, served_session: int = 0) -> _Subscriber:
+        if served_session not in (0, self.session):
+            served_version = -1  # another publisher's version numbers are not ours
         with self._lock:
             if self._closed:
                 raise TransferError("publisher closed")

@@ -57,9 +57,11 @@ class Update:
     """
 
     def __init__(self, version: int, epoch: int, max_ahead: int, timeout_s: float,
-                 release: Callable[[torch.Tensor], None] | None = None):
+                 release: Callable[[torch.Tensor], None] | None = None, session: int = 0):
         self.version = version
         self.epoch = epoch
+        self.session = session
+        """The publisher session this version belongs to (see ``WeightReceiver.session``)."""
         self._q: queue.Queue = queue.Queue(maxsize=max_ahead)
         self._timeout_s = timeout_s
         self._release = release
@@ -117,11 +119,13 @@ class Snapshot:
 class WeightReceiver:
     """Receives policy versions for one replica (see module docstring)."""
 
-    def __init__(self, cfg: WeightChannelConfig, replica_id: str, address: str | None = None, served_version: int = -1):
+    def __init__(self, cfg: WeightChannelConfig, replica_id: str, address: str | None = None, served_version: int = -1,
+                 served_session: int = 0):
         self.cfg = cfg
         self.replica_id = check_replica_id(replica_id)
         self.address = address or f"{cfg.host}:{cfg.control_port}"
         self._served = served_version
+        self._served_session = served_session
         self._cond = threading.Condition()
         self._msgs: queue.Queue = queue.Queue()
         self._pending: Update | None = None
@@ -195,6 +199,17 @@ class WeightReceiver:
     def served_version(self) -> int:
         return self._served
 
+    @property
+    def session(self) -> int:
+        """The connected publisher's session (0 before its WELCOME). A publisher picks a new
+        one each time it starts; version numbers are only ordered within one session."""
+        return self._session
+
+    @property
+    def served_session(self) -> int:
+        """Session the served version came from (0: unknown, e.g. the initial weights)."""
+        return self._served_session
+
     def wait_for_update(self, timeout: float | None) -> Update | None:
         """The newest update not yet handed out, waiting up to ``timeout`` s (None = forever).
 
@@ -219,10 +234,14 @@ class WeightReceiver:
             return update
 
     def report_loaded(self, version: int) -> None:
-        """Tell the publisher this replica now serves ``version`` (never going backwards)."""
-        if version < self._served:
+        """Tell the publisher this replica now serves ``version`` of its session.
+
+        Within one session versions never go backwards; a version of a new session may be
+        lower than one served from an earlier session (a trainer resumed from a checkpoint)."""
+        same_line = self._served_session in (0, self._session)
+        if version < self._served and same_line:
             raise VersionError(f"report_loaded({version}) after already serving v{self._served}")
-        self._served = version
+        self._served, self._served_session = version, self._session
         self._ack(pb.ACK_STATUS_LOADED, 0, version)
 
     def fetch_snapshot(self, min_version: int = -1, timeout: float | None = None) -> Snapshot | None:
@@ -280,7 +299,8 @@ class WeightReceiver:
     def _read_loop(self) -> None:
         broken_since: float | None = None
         while not self._closed.is_set():
-            req = pb.SubscribeRequest(replica_id=self.replica_id, served_version=self._served)
+            req = pb.SubscribeRequest(replica_id=self.replica_id, served_version=self._served,
+                                      served_session=self._served_session)
             try:
                 self._call = self._stub.Subscribe(req)  # type: ignore[union-attr]
                 for msg in self._call:
@@ -357,8 +377,9 @@ class WeightReceiver:
     def _handle(self, msg: pb.ControlMessage) -> None:
         kind = check_control(msg)
         if kind == "welcome":
-            if msg.session != self._session:  # a (new) publisher: epochs start over
+            if msg.session != self._session:  # a (new) publisher: epochs and versions start over
                 self._session, self._epoch = msg.session, 0
+                self.received_version = -1
                 self._drop_group()
                 self._fail_current("publisher changed", ack=False)
             self.latest_version = msg.welcome.latest_version
@@ -415,7 +436,7 @@ class WeightReceiver:
             raise VersionError(f"publisher announced v{msg.policy_version} after v{self.received_version}")
         self.latest_version = max(self.latest_version, msg.policy_version)
         u = Update(msg.policy_version, msg.epoch, self.cfg.receive_ahead_buckets, self.cfg.transfer_timeout_s,
-                   self._give_back if self.cfg.reuse_buffers else None)
+                   self._give_back if self.cfg.reuse_buffers else None, session=msg.session)
         self._next_bucket, self._totals = 0, [0, 0]
         if self._group is None:
             u._fail("not part of the data group")

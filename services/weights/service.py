@@ -32,7 +32,7 @@ class WeightServicer(pb_grpc.WeightServiceServicer):
     def Subscribe(self, request, context):  # noqa: N802 (gRPC naming)
         try:
             rid = check_replica_id(request.replica_id)
-            sub = self.pub._subscribe(rid, request.served_version)
+            sub = self.pub._subscribe(rid, request.served_version, request.served_session)
         except (ValueError, TransferError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, ValueError) else grpc.StatusCode.UNAVAILABLE, str(e))
         context.add_callback(lambda: self.pub._unsubscribe(sub))

@@ -518,6 +518,54 @@ def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: s
             pub.close()
 
 
+def test_restarted_trainer_rolls_replicas_back(rig, tiny_model: str) -> None:
+    """A trainer killed after publishing v+3 resumes from a checkpoint at v+1: its publisher
+    is a new session whose versions are lower than what the replica serves. The replica
+    must follow it (serve v+1 with the new weights), not keep the dead run's v+3."""
+    from safetensors.torch import load_file
+
+    from rollout_svc.subscriber import run_weight_subscriber
+    from services.config.weights import WeightChannelConfig
+    from services.weights import WeightPublisher
+
+    el, engine, replica = rig
+    original = load_file(f"{tiny_model}/model.safetensors")
+    zeroed = dict(original)
+    zeroed["model.norm.weight"] = torch.zeros_like(original["model.norm.weight"])
+    prompt = _prompt(tiny_model, "3+4=")
+    before = _greedy(el, replica, prompt, "rb0")[0]
+    assert before != [0] * RESPONSE_LEN
+    first = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=0, transfer_timeout_s=10.0)).start()
+    port = first.control_port
+    wcfg = WeightChannelConfig(host="127.0.0.1", control_port=port, transfer_timeout_s=10.0, connect_timeout_s=30.0)
+    stop = asyncio.Event()
+    sub_future = asyncio.run_coroutine_threadsafe(run_weight_subscriber(replica, wcfg, "inproc-rb", stop), el.loop)
+    second = None
+    try:
+        assert first.wait_for_replicas(1, timeout=60)
+        v = engine.version
+        assert first.publish(v + 3, iter(zeroed.items())).error is None  # the run that will die
+        _wait(lambda: engine.version == v + 3, what="replica to serve the dead run's version")
+        assert _greedy(el, replica, prompt, "rb1")[0] == [0] * RESPONSE_LEN
+        first.close()
+        second = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=port,
+                                                     transfer_timeout_s=10.0)).start()
+        assert second.wait_for_replicas(1, timeout=60)
+        assert second.publish(v + 1, iter(original.items())).error is None  # resumed from a checkpoint
+        _wait(lambda: engine.version == v + 1, what="replica to roll back to the resumed trainer's version")
+        assert replica.weights_session == second.session
+        assert _greedy(el, replica, prompt, "rb2")[0] == before
+        assert second.wait_for_replicas(1, timeout=30, served_version=v + 1)
+    finally:
+        stop.set()
+        try:
+            sub_future.result(timeout=60)
+        finally:
+            first.close()
+            if second is not None:
+                second.close()
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):

@@ -36,12 +36,14 @@ def _group(uid: str, versions: list[int], response_len: int = 5, prompt_len: int
 async def test_stale_samples_are_dropped_counted_and_acked_after_commit(server):
     producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
     consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
-    # current version 5, max_staleness 1: versions 4 and 5 are fresh, 3 and below stale.
+    # current version 5, max_staleness 1: versions 4 and 5 are fresh, 3 and below stale, and
+    # 6 and above come from a run that died after its last checkpoint (this one resumed at 5).
     await consumer.depth()
     await producer.put(
         [
             _group("fresh", [5, 5]),
             _group("all-stale", [3, 2]),
+            _group("future", [7, 6]),
             _group("mixed", [4, 3], response_len=7, prompt_len=6),  # different shape: intake re-pads
             _group("fresh2", [4, 4]),
         ]
@@ -53,15 +55,15 @@ async def test_stale_samples_are_dropped_counted_and_acked_after_commit(server):
     assert uids == ["fresh", "fresh", "mixed", "fresh2", "fresh2"]
     assert list(pending.data.non_tensor_batch["sample_id"]) == ["fresh/0", "fresh/1", "mixed/0", "fresh2/0", "fresh2/1"]
     assert pending.staleness == [0, 0, 1, 1, 1]
-    assert intake.counters.dropped_stale == 3  # all-stale/0, all-stale/1, mixed/1
+    assert intake.counters.dropped_stale == 5  # all-stale/0, all-stale/1, future/0, future/1, mixed/1
     assert pending.dropped_ids == ["mixed/1"]
     # collated to the longest prompt (6) and response (7)
     assert tuple(pending.data.batch["responses"].shape) == (5, 7)
     assert tuple(pending.data.batch["input_ids"].shape) == (5, 13)
     assert int(pending.data.batch["response_mask"][0, 5:].sum()) == 0  # right padding is masked
     # nothing trained is acked before the commit; the all-stale group was acked at once
-    stages = await consumer.stages(["fresh/0", "all-stale/0", "mixed/1"])
-    assert stages["all-stale/0"] == "dropped"
+    stages = await consumer.stages(["fresh/0", "all-stale/0", "future/1", "mixed/1"])
+    assert stages["all-stale/0"] == "dropped" and stages["future/1"] == "dropped"
     assert stages["fresh/0"] != "trained"
     assert await consumer.depth() == 3
     await intake.commit(pending)

@@ -111,22 +111,36 @@ def test_snapshot_none_then_latest(channel):
     assert torch.equal(dict(snap.tensors())["w"], named(7)[0][1])
 
 
-def test_restarted_publisher_with_an_older_version_is_refused():
+def test_restarted_publisher_starts_a_new_version_line():
+    """A trainer resumed from a checkpoint publishes versions below what the run that died
+    had published. They come with a new session: the receiver takes them (and may report a
+    lower version loaded), the new publisher does not mistake the old session's v5 for its
+    own. Within one session versions still only go forward."""
     first = WeightPublisher(cfg()).start()
     port = first.control_port
     rx = WeightReceiver(cfg(connect_timeout_s=20), "r0", address=first.control_address).connect()
     try:
         assert first.wait_for_replicas(1, timeout=10)
-        assert publish_and_take(first, rx, 5, iter(named(5)))[0].error is None
+        report, update, _, _ = publish_and_take(first, rx, 5, iter(named(5)))
+        assert report.error is None and update.session == first.session == rx.session
+        rx.report_loaded(5)
         first.close()
         second = WeightPublisher(cfg(control_port=port)).start()  # the trainer restarted
         try:
+            assert second.session != first.session
             assert second.wait_for_replicas(1, timeout=20)  # the receiver re-subscribed
-            t = threading.Thread(target=second.publish, args=(4, iter(named(4))))
-            t.start()
-            with pytest.raises(VersionError, match="v4 after v5"):
-                rx.wait_for_update(timeout=15)
-            t.join(30)
+            assert second.replicas()["r0"].served_version == -1  # "v5" was another session's
+            report, update, got, err = publish_and_take(second, rx, 4, iter(named(4)))
+            assert report.error is None and err is None and report.delivered == ["r0"]
+            assert update.version == 4 and update.session == second.session
+            assert torch.equal(got[0][1], named(4)[0][1])
+            rx.report_loaded(4)  # below v5, but v5 was the old session's
+            assert second.wait_for_replicas(1, timeout=10, served_version=4)
+            assert rx.served_version == 4 and rx.served_session == second.session
+            with pytest.raises(VersionError, match="after already serving"):
+                rx.report_loaded(3)
+            with pytest.raises(VersionError):
+                second.publish(4, iter(named(4)))
             report, update, got, err = publish_and_take(second, rx, 6, iter(named(6)))
             assert report.error is None and update.version == 6 and err is None
         finally:
