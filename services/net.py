@@ -2,12 +2,50 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 
+_LOWEST_PORT = 10000
+"""free_port never picks below this (well-known and commonly configured services live there)."""
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for ``bind(0)`` and outgoing connections' source ports."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to 0, read it, close)."""
+    """A TCP port that was free a moment ago, for a server another process will start.
+
+    Chosen at random *below* the kernel's ephemeral range. A port from ``bind(0)`` lies in
+    that range, and the kernel also hands its ports out as the source port of every outgoing
+    connection (gloo's mesh, gRPC, Redis clients...). Such a port could then be taken
+    between this call and the server's bind. Below the range, only another ``free_port``
+    caller could take it, and the random choice makes that unlikely. Falls back to
+    ``bind(0)`` if no port there can be bound.
+    """
+    lo, _ = ephemeral_port_range()
+    if lo - _LOWEST_PORT >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(_LOWEST_PORT, lo)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -6,7 +6,6 @@ import datetime
 import json
 import multiprocessing
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -85,9 +84,9 @@ WORLD = 2
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from services.net import free_port
+
+    return free_port()
 
 
 def _rank(rank: int, port: int, out_dir: str) -> None:

@@ -6,7 +6,6 @@ import datetime
 import json
 import multiprocessing
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -19,9 +18,9 @@ JOIN_DEADLINE_S = 120
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from services.net import free_port
+
+    return free_port()
 
 
 def _wait_for(path: Path, deadline_s: float) -> bool:
