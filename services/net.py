@@ -6,8 +6,10 @@ import random
 import socket
 import time
 
-_LOWEST_PORT = 10000
-"""free_port never picks below this (well-known and commonly configured services live there)."""
+_LOWEST_PORT = 20000
+"""free_port never picks below this: well-known and commonly configured services live
+there, and so do ranges other systems take for themselves (Ray's worker ports are
+10002-19999 by default and Ray refuses to start when another of its ports falls inside)."""
 
 
 def ephemeral_port_range() -> tuple[int, int]:
