@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=120.0, help="transfer deadline in seconds")
     p.add_argument("--pipeline-depth", type=int, default=None,
                    help="broadcasts in flight per side (default: the config's)")
+    p.add_argument("--gloo-devices", type=int, default=None,
+                   help="gloo devices per data group (default: the config's; 1 = the pre-2026-11-22 behaviour)")
     p.add_argument("--copy", action="store_true",
                    help="publish with borrow=False (every byte packed into the publisher's buffers)")
     p.add_argument("--role", choices=["main", "receiver"], default="main", help=argparse.SUPPRESS)
@@ -62,6 +64,8 @@ def channel_overrides(args: argparse.Namespace) -> dict:
     extra = {"transfer_timeout_s": args.timeout}
     if args.pipeline_depth is not None:
         extra["pipeline_depth"] = args.pipeline_depth
+    if args.gloo_devices is not None:  # the publisher decides; receivers take it from JOIN
+        extra["gloo_devices"] = args.gloo_devices
     return extra
 
 
