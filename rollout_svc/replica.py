@@ -301,7 +301,7 @@ class Replica:
         ``session``: the weight-channel session the version belongs to. A version of a new
         session replaces the served one even when its number is not higher (see
         ``supersedes``)."""
-        rollback = session is not None and self.weights_session not in (0, session)
+        rollback = session is not None and self.other_line(session)
         secs = await self.engine.update_weights(named_tensors, version, rollback=rollback)
         if session is not None:
             self.weights_session = session
@@ -310,12 +310,18 @@ class Replica:
         log.info("replica %s now serves policy version %d (loaded in %.3fs)", self.name, version, secs)
         return secs
 
+    def other_line(self, session: int) -> bool:
+        """True when the served weights came from a weight-channel session other than
+        ``session`` (not the initial weights): that session's version numbers are not
+        comparable with the served one."""
+        return self.weights_session not in (0, session)
+
     def supersedes(self, version: int, session: int) -> bool:
         """Whether ``version`` of weight-channel ``session`` should replace the served weights:
         it is newer, or the served version came from another session. A trainer that
         restarted from a checkpoint numbers its versions again from that checkpoint, below
         what the run that died had published; its versions are the ones that count."""
-        return version > self.engine.version or self.weights_session not in (0, session)
+        return version > self.engine.version or self.other_line(session)
 
     def status(self) -> dict[str, Any]:
         """A JSON-able snapshot of the replica's state (also ``/status`` and gRPC Status)."""

@@ -39,8 +39,7 @@ async def catch_up_from_snapshot(replica: Replica, rx, timeout_s: float, target:
     while True:
         left = max(0.1, deadline - time.monotonic())
         session = rx.session
-        other_line = replica.weights_session not in (0, session)
-        min_version = -1 if other_line else replica.engine.version + 1
+        min_version = -1 if replica.other_line(session) else replica.engine.version + 1
         snap = await asyncio.to_thread(rx.fetch_snapshot, min_version, left)
         if snap is not None and replica.supersedes(snap.version, session):
             await replica.apply_weights(snap.version, snap.tensors(), session=session)
