@@ -12,6 +12,10 @@ Record layout: ``u32 body length | u32 crc32(body) | body``, body = a msgpack li
 
 A torn last record (the host died mid-write) fails its length/CRC check and is cut off:
 it was never acknowledged to anyone. No pickle: msgpack with raw bytes only.
+
+The file only grows between compactions; the broker rewrites it as a snapshot of its live
+state (see :meth:`services.queues.broker.BrokerState.maybe_compact`), so its size follows
+the unacked items, not the history.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class AppendOnlyFile:
         self.fsync = fsync
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the broker
+        self.size = self._f.seek(0, os.SEEK_END)
 
     def append(self, *records: list[Any]) -> None:
         """Write records (each a msgpack-able list) and flush them to the OS (and disk)."""
@@ -49,6 +54,7 @@ class AppendOnlyFile:
             parts += [_HEAD.pack(len(body), zlib.crc32(body)), body]
         for part in parts:
             view = memoryview(part)
+            self.size += len(view)
             while view:
                 view = view[self._f.write(view):]
         if self.fsync:

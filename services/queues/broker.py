@@ -23,6 +23,8 @@ from services.queues.aof import AppendOnlyFile, replay, rewrite
 log = logging.getLogger("meshrl.queues.broker")
 
 MAX_PRODUCERS = 100_000  # producer sequence numbers remembered per stream (oldest forgotten)
+COMPACT_MIN_BYTES = 4 << 20  # never compact a file smaller than this
+COMPACT_GROWTH = 2.0  # compact when the file is this many times the size of the last snapshot
 
 
 def frame_len(data: bytes | bytearray | memoryview | list) -> int:
@@ -75,14 +77,19 @@ class StreamState:
 class BrokerState:
     """All streams of one broker, plus the ledger; optionally backed by an append-only file."""
 
-    def __init__(self, aof_path: str | Path | None = None, *, fsync: bool = False) -> None:
+    def __init__(self, aof_path: str | Path | None = None, *, fsync: bool = False,
+                 compact_min_bytes: int = COMPACT_MIN_BYTES) -> None:
         self.streams: dict[str, StreamState] = {}
         self.ledger: OrderedDict[str, str] = OrderedDict()
         self._aof: AppendOnlyFile | None = None
-        if aof_path is not None:
-            self._load(Path(aof_path))
-            rewrite(aof_path, self._snapshot())
-            self._aof = AppendOnlyFile(aof_path, fsync=fsync)
+        self._aof_path = Path(aof_path) if aof_path is not None else None
+        self._fsync = fsync
+        self.compact_min_bytes = compact_min_bytes
+        self.compactions = 0
+        self._snapshot_bytes = 0
+        if self._aof_path is not None:
+            self._load(self._aof_path)
+            self._compact()
 
     def close(self) -> None:
         if self._aof is not None:
@@ -97,6 +104,31 @@ class BrokerState:
     def _log(self, *records: list[Any]) -> None:
         if self._aof is not None:
             self._aof.append(*records)
+
+    def maybe_compact(self) -> bool:
+        """Rewrite the append-only file as a snapshot of the live state once it has grown to
+        ``COMPACT_GROWTH`` times the last snapshot (and at least ``compact_min_bytes``).
+        Called after every state change, when the state and the file agree. The file thus
+        stays within a constant factor of the live state (unacked items, dedupe windows,
+        ledger), whatever the history; the amortised cost is a constant per byte appended."""
+        if self._aof is None:
+            return False
+        if self._aof.size < max(self.compact_min_bytes, COMPACT_GROWTH * self._snapshot_bytes):
+            return False
+        self._compact()
+        return True
+
+    def _compact(self) -> None:
+        assert self._aof_path is not None
+        if self._aof is not None:
+            self._aof.close()
+        before = self._aof.size if self._aof is not None else None
+        rewrite(self._aof_path, self._snapshot())
+        self._aof = AppendOnlyFile(self._aof_path, fsync=self._fsync)
+        self._snapshot_bytes = self._aof.size
+        if before is not None:
+            self.compactions += 1
+            log.debug("aof %s compacted: %d -> %d bytes", self._aof_path, before, self._snapshot_bytes)
 
     # ------------------------------------------------------------------ put
     async def wait_room(self, name: str, max_depth: int, timeout_s: float) -> bool:
@@ -125,6 +157,7 @@ class BrokerState:
         self._add(s, e)
         if stage:
             self._set_stages(sample_ids, stage, ledger_max)
+        self.maybe_compact()
         async with s.changed:
             s.changed.notify_all()
         return str(e.id), gaps
@@ -191,6 +224,7 @@ class BrokerState:
             s.leased.pop(e.id, None)
             s.leased[e.id] = e  # insertion order = lease order
             out.append(Delivered(e, fresh))
+        self.maybe_compact()
         return out
 
     def _claim(self, s: StreamState, group: str, eid: int, sample_ids: tuple[str, ...],
@@ -219,6 +253,7 @@ class BrokerState:
             self._remove(s, i)
         if stage:
             self._set_stages(sample_ids, stage, ledger_max)
+        self.maybe_compact()
         if live:
             async with s.changed:
                 s.changed.notify_all()
@@ -237,6 +272,7 @@ class BrokerState:
     def record(self, sample_ids: list[str], stage: str, ledger_max: int) -> int:
         self._log(["L", stage, sample_ids])
         self._set_stages(sample_ids, stage, ledger_max)
+        self.maybe_compact()
         return len(sample_ids)
 
     def _set_stages(self, sample_ids: Any, stage: str, ledger_max: int) -> None:
