@@ -70,7 +70,7 @@ async def _serve(args: argparse.Namespace) -> int:
     import signal
 
     from reward_svc.decode import load_decoder
-    from reward_svc.service import RewardServer
+    from reward_svc.server import RewardServer
 
     cfg, queues, tok = load_config(args.config, args.overrides)
     consumer = args.consumer or f"reward-{socket.gethostname()}-{os.getpid()}"

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import asyncio
 
-    from rollout_svc.service import serve
+    from rollout_svc.replica_process import serve
 
     return asyncio.run(serve(settings, name=args.name))
 

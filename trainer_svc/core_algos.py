@@ -35,22 +35,24 @@ from typing import Any, Optional
 
 import torch
 
-from trainer_svc.algos.advantage import (
-    compute_gae_advantage_return,
+from trainer_svc.algos.advantage_group import (
+    compute_gdpo_outcome_advantage,
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_grpo_vectorized_outcome_advantage,
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
-    compute_reinforce_plus_plus_outcome_advantage,
-    compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
+)
+from trainer_svc.algos.advantage_returns import (
+    compute_gae_advantage_return,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
     expand_remax_baselines,
 )
-from trainer_svc.algos.advantage_extra import compute_gdpo_outcome_advantage
-from trainer_svc.algos.advantage_otb import (
+from trainer_svc.algos.advantage_token_baseline import (
     compute_multi_turn_optimal_token_baseline_advantage,
     compute_optimal_token_baseline_advantage,
 )
@@ -82,27 +84,25 @@ from trainer_svc.algos.off_policy import (
     compute_rollout_correction_weights,
     parse_rollout_is_threshold,
 )
-from trainer_svc.algos.policy_loss import (
-    compute_entropy_loss,
+from trainer_svc.algos.policy_loss_common import global_batch_kwargs
+from trainer_svc.algos.policy_loss_covariance import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
+from trainer_svc.algos.policy_loss_ppo import (
     compute_policy_loss,
-    compute_policy_loss_gpg,
+    compute_policy_loss_geo_mean,
     compute_policy_loss_gspo,
+    compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
-    compute_value_loss,
-    global_batch_kwargs,
 )
-from trainer_svc.algos.policy_loss_extra import (
+from trainer_svc.algos.policy_loss_reinforce import (
     compute_policy_loss_bypass_mode,
     compute_policy_loss_cispo,
-    compute_policy_loss_clip_cov,
     compute_policy_loss_dppo_kl,
     compute_policy_loss_dppo_tv,
     compute_policy_loss_dro,
-    compute_policy_loss_geo_mean,
-    compute_policy_loss_kl_cov,
+    compute_policy_loss_gpg,
     compute_policy_loss_reinforce,
-    compute_policy_loss_sapo,
 )
+from trainer_svc.algos.value_entropy_loss import compute_entropy_loss, compute_value_loss
 from trainer_svc.algos.registry import (
     ADV_ESTIMATOR_REGISTRY,
     POLICY_LOSS_REGISTRY,

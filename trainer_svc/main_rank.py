@@ -37,7 +37,7 @@ def run_rank(spec: TrainerServiceSpec, *, consumer: str | None = None, log_level
 
     from services.metrics import MetricsServer
     from trainer_svc.fsdp import init_distributed, set_torch_threads
-    from trainer_svc.service import TrainerMetrics, TrainerService
+    from trainer_svc.train_loop import TrainerMetrics, TrainerService
     from trainer_svc.worker import TrainerWorker
 
     set_torch_threads(spec.trainer.torch_threads, spec.trainer.nproc)

@@ -1,7 +1,7 @@
 """The control plane's gateway: submit, list, control and watch jobs.
 
     store.py        job store (SQLite / PostgreSQL, ordered migrations)
-    spec.py         validation of submitted specs (services.config.job.parse_job)
+    spec_validation.py  validation of submitted specs (services.config.job.parse_job)
     jobs.py         JobManager: the logic both front ends share
     app.py          REST API (FastAPI) + /metrics + the dashboard page
     models.py       REST bodies (the OpenAPI schema)

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from services.gateway.dashboard import DASHBOARD_HTML
 from services.gateway.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
 from services.gateway.models import ErrorBody, Job, JobList, JobMetrics, JobStateName, JobSubmit
-from services.gateway.spec import MAX_SPEC_BYTES, SpecRejected
+from services.gateway.spec_validation import MAX_SPEC_BYTES, SpecRejected
 
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/plain")
 _ERRORS: dict[int | str, dict[str, Any]] = {

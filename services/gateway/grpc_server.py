@@ -16,7 +16,7 @@ from typing import Any, Callable
 import grpc
 
 from services.gateway.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
-from services.gateway.spec import SpecRejected
+from services.gateway.spec_validation import SpecRejected
 from services.launch.base import JobState
 from services.pb import job_pb2, job_pb2_grpc
 

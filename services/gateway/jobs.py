@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.gateway.spec import validate_spec
+from services.gateway.spec_validation import validate_spec
 from services.gateway.store import JobRow, JobStore
 from services.launch.base import JobState, LaunchError, Launcher
 
@@ -119,7 +119,7 @@ class JobManager:
     # -- commands ---------------------------------------------------------------------------------------------
 
     def submit(self, spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> JobRow:
-        """Validate (raises :class:`~services.gateway.spec.SpecRejected`), store, launch."""
+        """Validate (raises :class:`~services.gateway.spec_validation.SpecRejected`), store, launch."""
         valid = validate_spec(spec, overrides)
         job_id = f"{valid.name}-{secrets.token_hex(4)}"
         row = JobRow(

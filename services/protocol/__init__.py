@@ -1,6 +1,7 @@
 """meshrl's batch type: ``DataProto`` with verl's API (``from services.protocol import DataProto``).
 
-Modules: ``dataproto`` (the class), ``_ops`` (repeat/iterate/convert/persist mixin),
+Modules: ``dataproto`` (the class), ``dataproto_rows`` (repeat/unfold/iterate methods),
+``dataproto_convert`` (TensorDict/pickle/disk conversions, size and info methods),
 ``padding`` (pad/unpad/fold), ``utils`` (dict unions), ``serialization`` (tensor <->
 bytes), ``future`` (``DataProtoFuture``), ``distributed`` (``all_gather_data_proto``),
 ``config`` (``DataProtoConfig``), ``errors`` (``DataProtoError``), ``columns`` (meshrl's

@@ -45,8 +45,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from services.protocol._ops import DataProtoOpsMixin
 from services.protocol.config import DataProtoConfig
+from services.protocol.dataproto_convert import ConversionMixin
+from services.protocol.dataproto_rows import RowOpsMixin
 from services.protocol.errors import DataProtoError, require
 from services.protocol.utils import (
     as_object_array,
@@ -73,7 +74,7 @@ class DataProtoItem:
 
 
 @dataclass
-class DataProto(DataProtoOpsMixin):
+class DataProto(RowOpsMixin, ConversionMixin):
     """A batch of samples: tensors (``batch``), per-sample objects, and batch-wide meta info.
 
     See the module docstring for the field conventions.  Construction validates that every

@@ -41,7 +41,8 @@ from services.weights.errors import PlanError, SnapshotError, TransferError, Ver
 from services.weights.group import DataGroup, GroupSpec, connect_store, device_for, resolve_backend
 from services.weights.messages import SERVER_OPTIONS, bucket_to_pb, control
 from services.weights.plan import Bucket, iter_buckets
-from services.weights.service import PublisherMetrics, WeightServicer
+from services.weights.grpc_servicer import WeightServicer
+from services.weights.metrics import PublisherMetrics
 
 log = logging.getLogger(__name__)
 K = pb.ControlKind

@@ -224,7 +224,7 @@ def _python_invocations() -> list[tuple[str, list[str]]]:
 def test_every_command_and_flag_exists():
     inv = _python_invocations()
     modules = {m for m, _ in inv if not m.startswith("meshrl ")}
-    assert {"trainer_svc", "rollout_svc", "reward_svc", "services.launch.feed"} <= modules
+    assert {"trainer_svc", "rollout_svc", "reward_svc", "services.launch.feeder_process"} <= modules
     helps: dict[str, str] = {}
     for target, flags in inv:
         if target not in helps:

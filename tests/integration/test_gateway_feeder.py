@@ -1,4 +1,4 @@
-"""The standalone prompt feeder (`python -m services.launch.feed`, used by docker-compose and
+"""The standalone prompt feeder (`python -m services.launch.feeder_process`, used by docker-compose and
 Kubernetes) on a private Redis: it fills the prompts stream up to its admission bound and
 feeds more only as the trainer's /metrics (a real HTTP server standing in for the trainer)
 reports finished samples."""
@@ -52,7 +52,7 @@ def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
     trainer = MetricsServer(registry, port=0).start()
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.launch.feed", "--config", str(tmp_path / "job.yaml"),
+        [sys.executable, "-m", "services.launch.feeder_process", "--config", str(tmp_path / "job.yaml"),
          "--trainer-metrics", f"http://127.0.0.1:{trainer.port}/metrics", "--metrics-host", "127.0.0.1",
          "--metrics-port", str(port), "--poll", "0.1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -67,7 +67,7 @@ def test_reward_model_config_needs_a_path():
 
 
 async def test_service_loads_the_reward_model_before_ready(rm_dir, tiny_model):
-    from reward_svc.service import RewardServer
+    from reward_svc.server import RewardServer
     from services import wire
 
     cfg = RewardConfig(reward_model={"enable": True, "path": rm_dir}, grpc_port=None)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from reward_svc.decode import load_decoder
-from reward_svc.service import RewardServer
+from reward_svc.server import RewardServer
 from services import wire
 from services.config.queues import RedisQueueConfig
 from services.config.reward import RewardConfig

@@ -1,7 +1,7 @@
-"""gRPC side of the publisher: the ``WeightService`` handlers and the Prometheus metrics.
+"""gRPC side of the publisher: the ``WeightService`` handlers.
 
-All state lives in :class:`~services.weights.publisher.WeightPublisher`; these classes only
-translate between it and the wire.
+All state lives in :class:`~services.weights.publisher.WeightPublisher`; the servicer only
+translates between it and the wire.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from services.weights.errors import SnapshotError, TransferError
 from services.weights.messages import check_replica_id, control
 
 if TYPE_CHECKING:
-    from services.weights.publisher import PublishReport, WeightPublisher
+    from services.weights.publisher import WeightPublisher
 
 K = pb.ControlKind
 
@@ -74,28 +74,3 @@ class WeightServicer(pb_grpc.WeightServiceServicer):
 
     def Status(self, request, context):  # noqa: N802
         return self.pub._status()
-
-
-class PublisherMetrics:
-    """Prometheus metrics of the publisher (registered in the caller's registry)."""
-
-    def __init__(self, registry):
-        from prometheus_client import Counter, Gauge
-
-        self.version = Gauge("meshrl_weights_published_version", "newest published policy version", registry=registry)
-        self.bytes = Counter("meshrl_weights_published_bytes_total", "tensor bytes published", registry=registry)
-        self.seconds = Gauge("meshrl_weights_publish_seconds", "duration of the last publish", registry=registry)
-        self.failures = Counter("meshrl_weights_transfer_failures_total", "publishes whose transfer failed",
-                                registry=registry)
-        self.served_version = Gauge("meshrl_weights_replica_served_version", "policy version a replica serves",
-                                    ["replica"], registry=registry)
-
-    def published(self, r: "PublishReport") -> None:
-        self.version.set(r.version)
-        self.bytes.inc(r.tensor_bytes)
-        self.seconds.set(r.seconds)
-        if r.error:
-            self.failures.inc()
-
-    def served(self, replica: str, version: int) -> None:
-        self.served_version.labels(replica=replica).set(version)

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from trainer_svc.algos.advantage import group_indices
+from trainer_svc.algos.advantage_group import group_indices
 from trainer_svc.algos.registry import AdvantageEstimator, register_adv_est
 
 __all__ = ["compute_multi_turn_optimal_token_baseline_advantage", "compute_optimal_token_baseline_advantage"]

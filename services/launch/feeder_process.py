@@ -1,4 +1,4 @@
-"""``python -m services.launch.feed --config job.yaml``: the prompt feeder on its own.
+"""``python -m services.launch.feeder_process --config job.yaml``: the prompt feeder on its own.
 
 ``meshrl run`` feeds prompts from inside its controller. When the services run as separate
 containers (docker-compose, Kubernetes) with a Redis queue backend, this process does that
@@ -19,7 +19,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.launch.feed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m services.launch.feeder_process", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="the job spec (YAML)")
     p.add_argument("--trainer-metrics", required=True, help="the trainer's /metrics URL, e.g. http://trainer:9103/metrics")
     p.add_argument("--metrics-port", type=int, default=9104, help="port of this feeder's /health /ready /metrics")

@@ -1,4 +1,6 @@
-"""Advantage estimators, registered by name, with verl's signatures and numbers.
+"""Group-relative outcome advantages: each response's summed reward compared with the
+other responses to the same prompt (GRPO and its vectorized / pass@k forms, RLOO, OPO,
+GPG, REINFORCE++ with a group baseline, GDPO per reward component).
 
 Every estimator takes ``token_level_rewards`` ``[B, T]`` (float; outcome rewards sit on the
 last valid token) and ``response_mask`` ``[B, T]`` (1 on generated tokens, 0 on padding)
@@ -19,23 +21,22 @@ from trainer_svc.algos.functional import masked_whiten
 from trainer_svc.algos.registry import AdvantageEstimator, cfg_get, register_adv_est
 
 __all__ = [
-    "compute_gae_advantage_return",
+    "check_reward_shapes",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
     "compute_opo_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
-    "compute_reinforce_plus_plus_outcome_advantage",
-    "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "compute_rloo_vectorized_outcome_advantage",
-    "expand_remax_baselines",
     "group_indices",
+    "group_key",
 ]
 
 
-def _key(value: Any) -> Any:
+def group_key(value: Any) -> Any:
     """A hashable group key for one ``index`` entry (numpy scalars become Python scalars)."""
     return value.item() if isinstance(value, np.generic) else value
 
@@ -53,54 +54,16 @@ def group_indices(index: Sequence[Any] | np.ndarray | torch.Tensor, batch_size: 
         raise ValueError(f"index has {len(index)} entries but the batch has {batch_size} responses")
     groups: dict[Any, list[int]] = {}
     for position, value in enumerate(index):
-        groups.setdefault(_key(value), []).append(position)
+        groups.setdefault(group_key(value), []).append(position)
     return list(groups.values())
 
 
-def _check_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
+def check_reward_shapes(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
     if token_level_rewards.dim() != 2 or token_level_rewards.shape != response_mask.shape:
         raise ValueError(
             f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
             f"{tuple(response_mask.shape)} must both be [batch, response_length]"
         )
-
-
-@register_adv_est(AdvantageEstimator.GAE)
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float | torch.Tensor,
-    lam: float | torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation with a critic.
-
-    ``delta_t = r_t + gamma * V_next - V_t``; ``A_t = delta_t + gamma * lam * A_next``,
-    scanning right to left. Masked positions (e.g. tool-observation tokens inside a
-    multi-turn response, or padding) are skipped: they carry the next value and advantage
-    through unchanged. ``returns = A + values``; the advantages are then whitened over the
-    valid tokens of the whole batch (unbiased variance).
-
-    Args:
-        values: ``[B, T]`` critic values at each response token.
-        gamma: discount; lam: GAE lambda.
-    """
-    _check_shapes(token_level_rewards, response_mask)
-    with torch.no_grad():
-        mask = response_mask.to(values.dtype)
-        next_values = torch.zeros_like(values[:, 0])
-        last_gae = torch.zeros_like(values[:, 0])
-        reversed_adv = []
-        for t in reversed(range(token_level_rewards.shape[-1])):
-            delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]
-            gae_t = delta + gamma * lam * last_gae
-            next_values = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_values
-            last_gae = gae_t * mask[:, t] + (1 - mask[:, t]) * last_gae
-            reversed_adv.append(last_gae)
-        advantages = torch.stack(reversed_adv[::-1], dim=1)
-        returns = advantages + values
-        advantages = masked_whiten(advantages, response_mask)
-    return advantages, returns
 
 
 def _group_mean_std(scores: torch.Tensor, group: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +72,15 @@ def _group_mean_std(scores: torch.Tensor, group: list[int]) -> tuple[torch.Tenso
         return torch.tensor(0.0), torch.tensor(1.0)
     members = scores[torch.tensor(group)]
     return torch.mean(members), torch.std(members)
+
+
+def _factorize(index: Sequence[Any] | np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Dense group ids ``[B]`` (int64, 0..G-1) for any hashable ``index``."""
+    if isinstance(index, torch.Tensor):
+        index = index.tolist()
+    ids: dict[Any, int] = {}
+    dense = [ids.setdefault(group_key(v), len(ids)) for v in index]
+    return torch.tensor(dense, dtype=torch.long, device=device)
 
 
 @register_adv_est(AdvantageEstimator.GRPO)
@@ -128,7 +100,7 @@ def compute_grpo_outcome_advantage(
     its own score. With ``norm_adv_by_std_in_grpo=False`` (Dr.GRPO) the advantage is
     ``s_i - mean_g``. Returns ``(advantages, advantages)``.
     """
-    _check_shapes(token_level_rewards, response_mask)
+    check_reward_shapes(token_level_rewards, response_mask)
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
         out = scores.clone()
@@ -141,15 +113,6 @@ def compute_grpo_outcome_advantage(
                 out[idx] = scores[idx] - mean
         advantages = out.unsqueeze(-1) * response_mask
     return advantages, advantages
-
-
-def _factorize(index: Sequence[Any] | np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Dense group ids ``[B]`` (int64, 0..G-1) for any hashable ``index``."""
-    if isinstance(index, torch.Tensor):
-        index = index.tolist()
-    ids: dict[Any, int] = {}
-    dense = [ids.setdefault(_key(v), len(ids)) for v in index]
-    return torch.tensor(dense, dtype=torch.long, device=device)
 
 
 @register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
@@ -168,7 +131,7 @@ def compute_grpo_vectorized_outcome_advantage(
     or ``s - mean`` for Dr.GRPO — the same numbers as :func:`compute_grpo_outcome_advantage`
     up to float32 rounding of the group statistics.
     """
-    _check_shapes(token_level_rewards, response_mask)
+    check_reward_shapes(token_level_rewards, response_mask)
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         g = _factorize(index, scores.device)
@@ -210,7 +173,7 @@ def compute_grpo_passk_outcome_advantage(
     Raises:
         ValueError: a group has fewer than two responses.
     """
-    _check_shapes(token_level_rewards, response_mask)
+    check_reward_shapes(token_level_rewards, response_mask)
     if config is not None:
         norm_adv_by_std_in_grpo = bool(cfg_get(config, "norm_adv_by_std_in_grpo", True))
     scores = token_level_rewards.sum(dim=-1)
@@ -229,31 +192,6 @@ def compute_grpo_passk_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
-def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config: Optional[Any] = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ with a group baseline: ``s_i - mean_g`` (singleton: baseline 0),
-    broadcast over tokens, then whitened over all valid tokens of the batch."""
-    _check_shapes(token_level_rewards, response_mask)
-    length = token_level_rewards.shape[-1]
-    scores = token_level_rewards.sum(dim=-1)
-    with torch.no_grad():
-        centred = scores.clone()
-        for group in group_indices(index, scores.shape[0]):
-            mean, _ = _group_mean_std(scores, group)
-            idx = torch.tensor(group)
-            centred[idx] = scores[idx] - mean
-        tiled = centred.unsqueeze(-1).tile([1, length]) * response_mask
-        advantages = masked_whiten(tiled, response_mask) * response_mask
-    return advantages, advantages
-
-
 @register_adv_est(AdvantageEstimator.RLOO)
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -268,7 +206,7 @@ def compute_rloo_outcome_advantage(
     A singleton group keeps its raw score as advantage (verl's loop form); the vectorized
     variant gives 0 there instead.
     """
-    _check_shapes(token_level_rewards, response_mask)
+    check_reward_shapes(token_level_rewards, response_mask)
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
         out = scores.clone()
@@ -293,7 +231,7 @@ def compute_rloo_vectorized_outcome_advantage(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO with scatter sums: ``(n * s_i - sum_g) / (n - 1)``; singleton groups give 0."""
-    _check_shapes(token_level_rewards, response_mask)
+    check_reward_shapes(token_level_rewards, response_mask)
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
         g = _factorize(index, scores.device)
@@ -315,7 +253,7 @@ def compute_opo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO: baseline is the length-weighted group mean ``sum(len_j s_j) / sum(len_j)``
     (singleton: 0)."""
-    _check_shapes(token_level_rewards, response_mask)
+    check_reward_shapes(token_level_rewards, response_mask)
     lengths = response_mask.sum(dim=-1)
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
@@ -331,96 +269,6 @@ def compute_opo_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
-def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Optional[Any] = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted return-to-go ``G_t = r_t + gamma * G_{t+1}`` over the valid
-    tokens, whitened over the batch's valid tokens. ``config.gamma`` is required.
-
-    Masked positions get return 0 and are skipped by the recursion: a tool-observation span
-    inside a response carries the running return through unchanged (its own rewards are
-    dropped), and trailing padding contributes nothing.
-
-    Returns ``(advantages, returns)``.
-    """
-    _check_shapes(token_level_rewards, response_mask)
-    gamma = cfg_get(config, "gamma", None)
-    if gamma is None:
-        raise ValueError("reinforce_plus_plus needs config.gamma (the algorithm config)")
-    with torch.no_grad():
-        mask = response_mask.to(token_level_rewards.dtype)
-        returns = torch.zeros_like(token_level_rewards)
-        running = torch.zeros_like(token_level_rewards[:, 0])
-        for t in reversed(range(token_level_rewards.shape[1])):
-            candidate = token_level_rewards[:, t] + gamma * running
-            returns[:, t] = candidate * mask[:, t]
-            running = candidate * mask[:, t] + running * (1 - mask[:, t])
-        advantages = masked_whiten(returns, response_mask) * response_mask
-    return advantages, returns
-
-
-@register_adv_est(AdvantageEstimator.REMAX)
-def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    reward_baselines: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Optional[Any] = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax: return-to-go minus the reward of a greedy rollout of the same prompt.
-
-    Args:
-        reward_baselines: ``[B]`` summed reward of the greedy response of each sample's
-            prompt (see :func:`expand_remax_baselines`).
-
-    Returns:
-        ``advantages = returns - baseline * mask`` and ``returns`` (reverse cumulative sum
-        of the masked rewards), both ``[B, T]``.
-    """
-    _check_shapes(token_level_rewards, response_mask)
-    if reward_baselines.shape != token_level_rewards.shape[:1]:
-        raise ValueError(
-            f"reward_baselines must be [batch] = {tuple(token_level_rewards.shape[:1])}, "
-            f"got {tuple(reward_baselines.shape)}"
-        )
-    with torch.no_grad():
-        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-        advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
-    return advantages, returns
-
-
-def expand_remax_baselines(
-    greedy_scores: torch.Tensor, greedy_index: Sequence[Any] | np.ndarray, index: Sequence[Any] | np.ndarray
-) -> torch.Tensor:
-    """Per-sample ReMax baselines from one greedy (``do_sample=False``) rollout per prompt.
-
-    Args:
-        greedy_scores: ``[P]`` summed reward of each prompt's greedy response.
-        greedy_index: ``[P]`` the prompt ids (uids) of ``greedy_scores``.
-        index: ``[B]`` the prompt id of each sampled response.
-
-    Returns:
-        ``[B]`` float tensor: the greedy score of each sample's prompt.
-
-    Raises:
-        ValueError: a sample's prompt has no greedy score, or a prompt has two.
-    """
-    table: dict[Any, int] = {}
-    for position, uid in enumerate(greedy_index):
-        if _key(uid) in table:
-            raise ValueError(f"prompt {uid!r} has more than one greedy baseline")
-        table[_key(uid)] = position
-    missing = [uid for uid in index if _key(uid) not in table]
-    if missing:
-        raise ValueError(f"no greedy baseline for prompt(s) {missing[:5]}")
-    rows = torch.tensor([table[_key(uid)] for uid in index], dtype=torch.long, device=greedy_scores.device)
-    return greedy_scores[rows]
-
-
 @register_adv_est(AdvantageEstimator.GPG)
 def compute_gpg_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -434,7 +282,7 @@ def compute_gpg_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: ``alpha * (s_i - mean_g) / f_norm`` with ``alpha = B / max(#non-zero scores, 1)``
     (the ``alpha`` argument is overridden by that ratio, as in verl)."""
-    _check_shapes(token_level_rewards, response_mask)
+    check_reward_shapes(token_level_rewards, response_mask)
     scores = token_level_rewards.sum(dim=-1)
     with torch.no_grad():
         bsz = scores.shape[0]
@@ -445,4 +293,101 @@ def compute_gpg_outcome_advantage(
             idx = torch.tensor(group)
             out[idx] = alpha_t * (scores[idx] - mean) / f_norm
         advantages = out.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config: Optional[Any] = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline: ``s_i - mean_g`` (singleton: baseline 0),
+    broadcast over tokens, then whitened over all valid tokens of the batch."""
+    check_reward_shapes(token_level_rewards, response_mask)
+    length = token_level_rewards.shape[-1]
+    scores = token_level_rewards.sum(dim=-1)
+    with torch.no_grad():
+        centred = scores.clone()
+        for group in group_indices(index, scores.shape[0]):
+            mean, _ = _group_mean_std(scores, group)
+            idx = torch.tensor(group)
+            centred[idx] = scores[idx] - mean
+        tiled = centred.unsqueeze(-1).tile([1, length]) * response_mask
+        advantages = masked_whiten(tiled, response_mask) * response_mask
+    return advantages, advantages
+
+
+def _component_rewards(
+    keys: list[str], non_tensor_batch: dict, batch: Any, response_mask: torch.Tensor
+) -> list[torch.Tensor]:
+    """One ``[B, T]`` reward matrix per component key, each score on the last valid
+    response token (``attention_mask`` after the prompt, as verl locates it)."""
+    prompt_length = batch["prompts"].size(1)
+    last = batch["attention_mask"][:, prompt_length:].sum(dim=1) - 1
+    rows = torch.arange(response_mask.shape[0], device=response_mask.device)
+    out = []
+    for key in keys:
+        if key not in non_tensor_batch:
+            raise ValueError(
+                f"GDPO reward key {key!r} is not a non-tensor column; available: {sorted(non_tensor_batch)}"
+            )
+        score = torch.tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=response_mask.device)
+        matrix = torch.zeros_like(response_mask, dtype=torch.float32)
+        matrix[rows, last] = score
+        out.append(matrix)
+    return out
+
+
+@register_adv_est(AdvantageEstimator.GDPO)
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Optional[Any] = None,
+    non_tensor_batch: Optional[dict] = None,
+    batch: Optional[Any] = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO: GRPO-normalise each reward component within its group, sum them with
+    ``config.gdpo_reward_weights`` (default 1 each), then whiten over the batch.
+
+    The components are the non-tensor columns named by ``config.gdpo_reward_keys`` (one
+    float per response, e.g. the dict a reward function returned); without a config and
+    the batch columns, the single component is ``token_level_rewards``.
+
+    Returns ``(advantages, advantages)``, ``[B, T]``.
+
+    Raises:
+        ValueError: ``gdpo_reward_keys`` missing/empty, or a key without a column.
+    """
+    components = [token_level_rewards]
+    weights: Optional[list[float]] = None
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = cfg_get(config, "gdpo_reward_keys", None)
+        if not keys:
+            raise ValueError("GDPO needs algorithm.gdpo_reward_keys: the reward component columns to normalise")
+        components = _component_rewards(list(keys), non_tensor_batch, batch, response_mask)
+        raw_weights = cfg_get(config, "gdpo_reward_weights", None)
+        weights = None if raw_weights is None else [float(w) for w in raw_weights]
+    if weights is not None and len(weights) != len(components):
+        raise ValueError(f"gdpo_reward_weights has {len(weights)} entries for {len(components)} reward keys")
+    w = torch.tensor(weights or [1.0] * len(components), dtype=torch.float32, device=token_level_rewards.device)
+    total: Optional[torch.Tensor] = None
+    for i, rewards in enumerate(components):
+        normalised, _ = compute_grpo_outcome_advantage(
+            token_level_rewards=rewards,
+            response_mask=response_mask,
+            index=index,
+            epsilon=epsilon,
+            norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+            config=config,
+        )
+        total = w[i] * normalised if total is None else total + w[i] * normalised
+    advantages = masked_whiten(total, response_mask) * response_mask
     return advantages, advantages
