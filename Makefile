@@ -1,8 +1,8 @@
 PY ?= .venv/bin/python
 
 .PHONY: proto test bench
-proto:  ## regenerate services/pb from proto/*.proto
-	$(PY) -m services.pb._gen
+proto:  ## regenerate the committed stubs in services/pb from proto/*.proto
+	$(PY) scripts/gen_proto.py
 
 test:
 	$(PY) -m pytest -q
