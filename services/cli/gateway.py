@@ -23,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", help="file holding the bearer token (else $MESHRL_GATEWAY_TOKEN)")
     p.add_argument("--launcher", choices=["local", "ray"], default="local", help="how jobs are started")
     p.add_argument("--poll-interval", type=float, default=2.0, help="seconds between job status refreshes")
+    p.add_argument("--max-running-jobs", type=int,
+                   default=int(os.environ.get("MESHRL_GATEWAY_MAX_RUNNING_JOBS", "1") or 1),
+                   help="jobs running (or paused) at once; later submits wait in a FIFO queue; 0 = no limit "
+                        "(env MESHRL_GATEWAY_MAX_RUNNING_JOBS, default 1: a local job takes the whole machine)")
+    p.add_argument("--access-log", default=None, help="access log file (default RUNS_DIR/gateway-access.log)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,9 +53,13 @@ def run(args: argparse.Namespace) -> int:
             token=token, host=args.host, port=args.port,
             grpc_port=None if args.grpc_port < 0 else args.grpc_port, db_url=args.db,
             runs_dir=Path(args.runs_dir), launcher=args.launcher, poll_interval=args.poll_interval,
+            max_running_jobs=args.max_running_jobs or None,
+            access_log=Path(args.access_log) if args.access_log else None,
         )  # fmt: skip
     except ValidationError as exc:
-        print(f"meshrl gateway: {exc}", file=sys.stderr)
+        # Field and problem only: pydantic's own text would echo the input, and one input is the token.
+        parts = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors(include_input=False)]
+        print("meshrl gateway: " + "; ".join(parts), file=sys.stderr)
         return 2
     gw = Gateway(settings).start()
     print(f"meshrl gateway: REST {gw.http_url} (dashboard {gw.http_url}/dashboard), gRPC {gw.grpc_address}", flush=True)

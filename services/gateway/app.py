@@ -6,25 +6,44 @@ Every route under ``/v1`` and ``/metrics`` needs ``Authorization: Bearer <token>
 in constant time); ``/health``, ``/ready``, ``/openapi.json`` and the dashboard page (static,
 it carries no data: its script calls the API with the token you give it) are open.
 Bad input is a 4xx whose ``detail`` says what is wrong; a bad spec names each field.
+Swagger UI (``/docs``) and ReDoc (``/redoc``) load their scripts and styles from the gateway
+itself (``/static/...``, the files the ``fastapi-offline`` package ships): no CDN, so they
+work air-gapped. Every request is written to the access log (logger ``meshrl.gateway.access``,
+and ``access_log`` if given): client, method, path (no query string), status, milliseconds.
 """
 
 
 import hmac
+import logging
+import time
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from pydantic import ValidationError
 
 from services.gateway.dashboard import DASHBOARD_HTML
 from services.gateway.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
-from services.gateway.models import ErrorBody, Job, JobList, JobMetrics, JobStateName, JobSubmit
+from services.gateway.logs import MAX_TAIL_LINES, UnknownLog
+from services.gateway.models import ErrorBody, Job, JobEvents, JobList, JobMetrics, JobStateName, JobSubmit
 from services.gateway.spec_validation import MAX_SPEC_BYTES, SpecRejected
 
-_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/plain")
+_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+access_log = logging.getLogger("meshrl.gateway.access")
+
+
+def static_dir() -> FilePath:
+    """The Swagger UI / ReDoc files shipped by the ``fastapi-offline`` package."""
+    import fastapi_offline
+
+    return FilePath(fastapi_offline.__file__).parent / "static"
+
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "missing or wrong bearer token"},
     404: {"model": ErrorBody, "description": "no such job"},
@@ -33,8 +52,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 JobId = Annotated[str, Path(min_length=1, max_length=128, description="job id from `POST /v1/jobs`")]
 
 
-def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway") -> FastAPI:
-    """The FastAPI application over ``manager``, guarded by ``token``."""
+def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway",
+               access_log_file: FilePath | None = None) -> FastAPI:  # fmt: skip
+    """The FastAPI application over ``manager``, guarded by ``token``; every request is logged
+    to ``meshrl.gateway.access`` and appended to ``access_log_file`` when given."""
     if not token:
         raise ValueError("the gateway needs a non-empty token")
     expected = token.encode()
@@ -53,7 +74,41 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
         title=title,
         version="1",
         description="Submit, list, control and watch meshrl jobs. Every `/v1` call needs a bearer token.",
+        docs_url=None,
+        redoc_url=None,
     )
+    app.mount("/static", StaticFiles(directory=static_dir()), name="static")
+    log_file = open(access_log_file, "a", buffering=1) if access_log_file else None  # noqa: SIM115 (app-long)
+
+    @app.middleware("http")
+    async def _access(request: Request, call_next: Any) -> Response:
+        t0 = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            client = request.client.host if request.client else "-"
+            line = (f'{client} "{request.method} {request.url.path}" {status} '
+                    f"{(time.perf_counter() - t0) * 1000:.1f}ms")  # fmt: skip
+            access_log.info(line)
+            if log_file is not None:
+                log_file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {line}\n")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title=f"{title} - Swagger UI",
+            swagger_js_url="/static/swagger-ui-bundle.js", swagger_css_url="/static/swagger-ui.css",
+            swagger_favicon_url="/static/favicon.png",
+        )  # fmt: skip
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{title} - ReDoc",
+                              redoc_js_url="/static/redoc.standalone.js", redoc_favicon_url="/static/favicon.png",
+                              with_google_fonts=False)  # fmt: skip
     registry = CollectorRegistry()
     jobs_gauge = Gauge("meshrl_gateway_jobs", "Jobs known to the gateway, by state", ["state"], registry=registry)
 
@@ -143,7 +198,9 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
                 raise HTTPException(400, "spec: the YAML body is not UTF-8") from None
             overrides = request.query_params.getlist("override")
         else:
-            raise HTTPException(415, f"send the spec as application/json or application/yaml, not {ctype or 'nothing'!r}")
+            raise HTTPException(
+                415, f"send the spec as application/json or application/yaml, not {ctype[:100] or 'nothing'!r}"
+            )
         try:
             row = await _in_thread(manager.submit, spec, overrides)
         except SpecRejected as exc:
@@ -171,6 +228,41 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
         since: Annotated[float, Query(ge=0, le=1e12, allow_inf_nan=False, description="only points after this ts")] = 0.0,
     ) -> dict[str, Any]:
         return _found(manager.metrics, job_id, since=since)
+
+    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_model=JobEvents, dependencies=auth,
+             responses=_ERRORS, summary="the job's lifecycle events, oldest first")  # fmt: skip
+    def job_events(
+        job_id: JobId,
+        since: Annotated[float, Query(ge=0, le=1e12, allow_inf_nan=False, description="only events after this ts")] = 0.0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> dict[str, Any]:
+        return _found(manager.events, job_id, since=since, limit=limit)
+
+    @app.get(
+        "/v1/jobs/{job_id}/logs", tags=["jobs"], dependencies=auth, response_class=StreamingResponse,
+        summary="a service's log: the last lines, optionally followed",
+        responses={**_ERRORS, 200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                    "description": "log text; header `X-Log-Services` lists the job's logs"}},
+    )  # fmt: skip
+    def job_logs(
+        job_id: JobId,
+        service: Annotated[str, Query(min_length=1, max_length=64, description="`job` (the driver), `trainer`, "
+                                      "`reward-0`, `rollout-0`, ...; the 404 lists the job's logs")] = "job",
+        tail: Annotated[int, Query(ge=0, le=MAX_TAIL_LINES, description="last lines to send first")] = 200,
+        follow: Annotated[bool, Query(description="then send new lines as they are written")] = False,
+        max_seconds: Annotated[float, Query(ge=0, le=3600, allow_inf_nan=False,
+                                            description="with follow: stop after this long (the stream also ends "
+                                                        "when the job finishes)")] = 30.0,
+    ) -> StreamingResponse:
+        try:
+            names = manager.log_services(job_id)
+            chunks = manager.logs(job_id, service, tail=tail, follow=follow, max_seconds=max_seconds)
+        except UnknownLog as exc:
+            raise HTTPException(404, str(exc)) from None
+        except JobNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+        return StreamingResponse(chunks, media_type="text/plain; charset=utf-8",
+                                 headers={"X-Log-Services": ",".join(names), "Cache-Control": "no-store"})  # fmt: skip
 
     def action_route(verb: str, fn: Any, doc: str) -> None:
         @app.post(f"/v1/jobs/{{job_id}}:{verb}", tags=["jobs"], response_model=Job, dependencies=auth,

@@ -16,13 +16,15 @@ from typing import Any, Callable
 import grpc
 
 from services.gateway.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
+from services.gateway.logs import MAX_TAIL_LINES, UnknownLog
 from services.gateway.spec_validation import SpecRejected
 from services.launch.base import JobState
 from services.pb import job_pb2, job_pb2_grpc
 
 _STATES = {s.value for s in JobState}
 _PROGRESS_INT = ("step", "total_steps")
-_PROGRESS_FLOAT = ("reward_mean", "staleness", "tokens_per_s")
+_PROGRESS_FLOAT = ("reward_mean", "staleness", "tokens_per_s", "loss", "kl", "entropy", "grad_norm", "val_score",
+                   "logprob_diff")  # fmt: skip
 
 
 def progress_msg(progress: dict[str, Any]) -> job_pb2.JobProgressInfo:
@@ -34,11 +36,12 @@ def progress_msg(progress: dict[str, Any]) -> job_pb2.JobProgressInfo:
     for key in _PROGRESS_FLOAT:
         if isinstance(progress.get(key), (int, float)) and not isinstance(progress.get(key), bool):
             setattr(msg, key, float(progress[key]))
-    queues = progress.get("queues")
-    if isinstance(queues, dict):
-        for name, depth in queues.items():
-            if isinstance(depth, int) and not isinstance(depth, bool):
-                msg.queues[str(name)] = depth
+    for key in ("queues", "restarts"):
+        counts = progress.get(key)
+        if isinstance(counts, dict):
+            for name, n in counts.items():
+                if isinstance(n, int) and not isinstance(n, bool):
+                    getattr(msg, key)[str(name)] = n
     return msg
 
 
@@ -80,6 +83,8 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except JobConflict as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except UnknownLog as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
 
     def SubmitJob(self, request, context):  # noqa: N802 (gRPC names)
         row = self._call(context, self.manager.submit, request.spec_yaml, list(request.overrides))
@@ -118,6 +123,32 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
             for p in m["points"]
         ]
         return job_pb2.JobMetricsReply(id=m["id"], state=m["state"], progress=progress_msg(m["progress"]), points=points)
+
+    def GetJobEvents(self, request, context):  # noqa: N802
+        self._check(context)
+        if not (0.0 <= request.since <= 1e12):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "since: a unix time between 0 and 1e12")
+        if request.limit > 10_000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: at most 10000")
+        e = self._call(context, self.manager.events, request.id, since=request.since, limit=request.limit or 1000)
+        return job_pb2.JobEventsReply(id=e["id"], state=e["state"],
+                                      events=[job_pb2.JobEvent(**ev) for ev in e["events"]])  # fmt: skip
+
+    def GetJobLogs(self, request, context):  # noqa: N802
+        self._check(context)
+        if request.tail > MAX_TAIL_LINES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"tail: at most {MAX_TAIL_LINES} lines")
+        if not (0.0 <= request.max_seconds <= 3600):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_seconds: between 0 and 3600")
+        chunks = self._call(
+            context, self.manager.logs, request.id, request.service or "job",
+            tail=request.tail if request.HasField("tail") else 200, follow=request.follow,
+            max_seconds=request.max_seconds or 30.0,
+        )  # fmt: skip
+        for data in chunks:
+            if not context.is_active():  # the client went away
+                return
+            yield job_pb2.JobLogChunk(data=data)
 
 
 def start_grpc(

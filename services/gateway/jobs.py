@@ -9,6 +9,12 @@ Job states follow :class:`services.launch.base.JobState`. The manager refreshes 
 from its launcher whenever it is read, and a poller thread (``start()``) does the same for
 every unfinished job, recording a metric point each time the job's progress changes — the
 series the dashboard draws.
+
+With ``max_running_jobs`` set, a submitted job beyond the limit waits ``pending`` (no
+launcher handle yet) in a FIFO queue: it is launched, oldest first, when a running or paused
+job finishes or is cancelled. Every step of a job's life is an event in the store
+(``submitted``, ``queued``, ``started``, ``paused``, ``resumed``, ``cancelled``,
+``restarted`` (a service of the job was restarted by its supervisor), ``finished``).
 """
 
 from __future__ import annotations
@@ -16,16 +22,21 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.gateway.spec_validation import validate_spec
+import yaml
+
+from services.gateway import logs as joblogs
+from services.gateway.paths import path_problems
+from services.gateway.spec_validation import SpecRejected, validate_spec
 from services.gateway.store import JobRow, JobStore
 from services.launch.base import JobState, LaunchError, Launcher
 
 log = logging.getLogger(__name__)
 _FINISHED = {s.value for s in JobState if s.finished}
+_BUSY = (JobState.RUNNING.value, JobState.PAUSED.value)  # jobs holding a slot of max_running_jobs
 
 
 class JobNotFound(LookupError):
@@ -66,7 +77,11 @@ class JobManager:
         *,
         poll_interval: float = 2.0,
         cancel_timeout: float = 30.0,
+        max_running_jobs: int | None = None,
     ) -> None:
+        if max_running_jobs is not None and max_running_jobs < 1:
+            raise ValueError("max_running_jobs: at least 1 (or None for no limit)")
+        self.max_running_jobs = max_running_jobs
         self.store = store
         self.launcher = launcher
         self.runs_dir = Path(runs_dir)
@@ -93,6 +108,7 @@ class JobManager:
     def _poll_loop(self) -> None:
         while not self._stop.wait(self.poll_interval):
             try:
+                self._admit()
                 for state in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED):
                     for row in self.store.list(state=state.value, limit=1000):
                         self._refresh(row)
@@ -116,24 +132,87 @@ class JobManager:
         points = [{"ts": ts, **data} for ts, data in self.store.points(job_id, since=since, limit=limit)]
         return {"id": row.id, "name": row.name, "state": row.state, "progress": row.progress, "points": points}
 
+    def events(self, job_id: str, *, since: float = 0.0, limit: int = 1000) -> dict[str, Any]:
+        """The job's lifecycle events after ``since``, oldest first."""
+        row = self.get(job_id)
+        return {"id": row.id, "state": row.state, "events": self.store.events(job_id, since=since, limit=limit)}
+
+    def run_dir(self, row: JobRow) -> Path:
+        return Path(row.handle.get("run_dir") or (self.runs_dir / row.id))
+
+    def log_services(self, job_id: str) -> list[str]:
+        return joblogs.log_services(self.run_dir(self.get(job_id)))
+
+    def logs(self, job_id: str, service: str = "job", *, tail: int = 200, follow: bool = False,
+             max_seconds: float = 30.0) -> Iterator[bytes]:  # fmt: skip
+        """The last ``tail`` lines of one service's log, then (``follow``) what it appends until
+        the job finishes or ``max_seconds`` pass. Raises :class:`JobNotFound` and
+        :class:`~services.gateway.logs.UnknownLog` before yielding anything."""
+        row = self.get(job_id)
+        path = joblogs.log_path(self.run_dir(row), service)
+        head, offset = joblogs.tail_bytes(path, tail)
+
+        def finished() -> bool:
+            try:
+                return self.get(job_id).state in _FINISHED
+            except JobNotFound:
+                return True
+
+        def gen() -> Iterator[bytes]:
+            if head:
+                yield head
+            if follow:
+                yield from joblogs.follow(path, offset, finished, max_seconds)
+
+        return gen()
+
     # -- commands ---------------------------------------------------------------------------------------------
 
     def submit(self, spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> JobRow:
         """Validate (raises :class:`~services.gateway.spec_validation.SpecRejected`), store, launch."""
         valid = validate_spec(spec, overrides)
+        problems = path_problems(yaml.safe_load(valid.resolved_yaml))
+        if problems:
+            raise SpecRejected("invalid job spec:\n" + "\n".join(f"  {p}" for p in problems))
         job_id = f"{valid.name}-{secrets.token_hex(4)}"
         row = JobRow(
             id=job_id, name=valid.name, state=JobState.PENDING.value, spec_yaml=valid.resolved_yaml,
             overrides=list(overrides), launcher=self.launcher.kind,
         )  # fmt: skip
         self.store.insert(row)
-        try:
-            handle = self.launcher.start(job_id, valid.resolved_yaml, self.runs_dir / job_id)
-        except LaunchError as exc:
-            self.store.update(job_id, state=JobState.FAILED.value, detail=f"launch failed: {exc}")
-        else:
-            self.store.update(job_id, state=JobState.RUNNING.value, handle=handle)
+        self.store.add_event(job_id, "submitted", f"overrides: {' '.join(overrides)}" if overrides else "")
+        with self._lock:  # the poller admits under the same lock: "queued" is never written after "started"
+            self._admit()
+            now = self.store.get(job_id)
+            if now is not None and now.state == JobState.PENDING.value and not now.handle:
+                busy = self.store.count(_BUSY)
+                detail = f"queued: {busy} job(s) running, max_running_jobs={self.max_running_jobs}"
+                self.store.update(job_id, detail=detail)
+                self.store.add_event(job_id, "queued", detail)
         return self.get(job_id)
+
+    def _admit(self) -> None:
+        """Launch queued jobs, oldest first, while fewer than ``max_running_jobs`` hold a slot."""
+        with self._lock:
+            queued = [r for r in self.store.oldest(JobState.PENDING.value, limit=1000) if not r.handle]
+            if not queued:
+                return
+            busy = self.store.count(_BUSY) + self.store.count([JobState.PENDING.value]) - len(queued)
+            for row in queued:
+                if self.max_running_jobs is not None and busy >= self.max_running_jobs:
+                    break
+                self._launch(row)
+                busy += 1
+
+    def _launch(self, row: JobRow) -> None:
+        try:
+            handle = self.launcher.start(row.id, row.spec_yaml, self.runs_dir / row.id)
+        except LaunchError as exc:
+            self.store.update(row.id, state=JobState.FAILED.value, detail=f"launch failed: {exc}")
+            self.store.add_event(row.id, "finished", f"failed: launch failed: {exc}")
+        else:
+            self.store.update(row.id, state=JobState.RUNNING.value, handle=handle, detail="")
+            self.store.add_event(row.id, "started", f"launcher {self.launcher.kind}")
 
     def pause(self, job_id: str) -> JobRow:
         with self._lock:
@@ -142,6 +221,7 @@ class JobManager:
                 raise JobConflict(f"job {job_id} is {row.state}; only a running job can be paused")
             self._control(row, self.launcher.pause)
             self.store.update(job_id, state=JobState.PAUSED.value)
+            self.store.add_event(job_id, "paused", "by request")
         return self._wait_state(job_id, JobState.PAUSED)
 
     def resume(self, job_id: str) -> JobRow:
@@ -151,6 +231,7 @@ class JobManager:
                 raise JobConflict(f"job {job_id} is {row.state}; only a paused job can be resumed")
             self._control(row, self.launcher.resume)
             self.store.update(job_id, state=JobState.RUNNING.value)
+            self.store.add_event(job_id, "resumed", "by request")
         return self._wait_state(job_id, JobState.RUNNING)
 
     def cancel(self, job_id: str) -> JobRow:
@@ -161,10 +242,13 @@ class JobManager:
             if row.state in _FINISHED:
                 raise JobConflict(f"job {job_id} is already {row.state}")
             self.store.update(job_id, state=JobState.CANCELLED.value, detail="cancelled by request")
+            self.store.add_event(job_id, "cancelled", "by request" if row.handle else "by request, before it started")
+            self.store.add_event(job_id, "finished", "cancelled")
         if row.handle:
             threading.Thread(
                 target=self._cancel_quietly, args=(row.handle,), name=f"cancel-{job_id}", daemon=True
             ).start()
+        self._admit()  # its slot is free: the next queued job may start
         return self.store.get(job_id)  # type: ignore[return-value]
 
     # -- internals --------------------------------------------------------------------------------------------
@@ -216,7 +300,25 @@ class JobManager:
             if status.progress and status.progress != current.progress:
                 changes["progress"] = status.progress
                 self.store.add_point(row.id, status.progress)
+                for service, n in _restarts(status.progress, current.progress):
+                    self.store.add_event(row.id, "restarted", f"{service} (restart {n})")
             if changes:
                 self.store.update(row.id, **changes)
+                if changes.get("state") in _FINISHED:
+                    self.store.add_event(row.id, "finished", f"{state}: {status.detail}"[:2000])
                 current = self.store.get(row.id) or current
             return current
+
+
+def _restarts(new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, int]]:
+    """Services whose restart count (progress ``restarts``: {service: count}) went up."""
+    now, before = new.get("restarts"), old.get("restarts")
+    if not isinstance(now, dict):
+        return []
+    before = before if isinstance(before, dict) else {}
+    out = []
+    for service, n in now.items():
+        prev = before.get(service, 0)
+        if isinstance(n, int) and not isinstance(n, bool) and isinstance(prev, int) and n > prev:
+            out.append((str(service)[:128], n))
+    return out

@@ -33,7 +33,14 @@ class JobProgress(BaseModel):
     reward_mean: float | None = Field(None, description="mean training reward of the last step")
     staleness: float | None = Field(None, description="mean policy-version lag of the last batch")
     tokens_per_s: float | None = Field(None, description="generated tokens per second")
+    loss: float | None = Field(None, description="total actor loss of the last step")
+    kl: float | None = Field(None, description="KL of the last step (actor/kl_loss if used, else actor/ppo_kl)")
+    entropy: float | None = Field(None, description="mean token entropy (nats) of the last step")
+    grad_norm: float | None = Field(None, description="gradient norm before clipping of the last step")
+    val_score: float | None = Field(None, description="mean validation score, when the job validates")
+    logprob_diff: float | None = Field(None, description="mean |p_rollout - p_trainer| of the last batch")
     queues: dict[str, int] | None = Field(None, description="stream name -> depth")
+    restarts: dict[str, int] | None = Field(None, description="service -> times its supervisor restarted it")
 
 
 class Job(BaseModel):
@@ -72,3 +79,19 @@ class JobMetrics(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str | list[Any] = Field(description="what was wrong; for a bad spec every bad field as `path: problem`")
+
+
+class JobEvent(BaseModel):
+    ts: float = Field(description="unix seconds")
+    kind: str = Field(
+        description="submitted | queued | started | paused | resumed | cancelled | restarted | finished"
+    )
+    detail: str = Field(description="what happened: the restarted service, the final state and why, ...")
+
+
+class JobEvents(BaseModel):
+    """A job's lifecycle, oldest first."""
+
+    id: str
+    state: JobStateName
+    events: list[JobEvent] = Field(description="oldest first; pass the last `ts` as `since` to get only new ones")

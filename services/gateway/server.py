@@ -24,9 +24,10 @@ DEFAULT_GRPC_PORT = 8601
 class GatewaySettings(BaseModel):
     """Everything the gateway needs (flags and env of ``meshrl gateway``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Errors name the field and the problem, never the value: one value is the token.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    token: str = Field(min_length=8, description="bearer token every API call must carry")
+    token: str = Field(repr=False, min_length=8, description="bearer token every API call must carry")
     host: str = Field("127.0.0.1", description="address REST and gRPC bind")
     port: int = Field(DEFAULT_HTTP_PORT, ge=0, le=65535, description="REST port (0 picks a free one)")
     grpc_port: int | None = Field(DEFAULT_GRPC_PORT, ge=0, le=65535, description="JobService port; None = off")
@@ -35,6 +36,10 @@ class GatewaySettings(BaseModel):
     launcher: str = Field("local", description="local or ray")
     poll_interval: float = Field(2.0, gt=0, le=3600, description="seconds between job status refreshes")
     cancel_timeout: float = Field(30.0, gt=0, le=3600, description="seconds from SIGTERM to SIGKILL on cancel")
+    max_running_jobs: int | None = Field(
+        None, ge=1, le=10_000, description="jobs running (or paused) at once; more wait pending, FIFO. None = no limit"
+    )
+    access_log: Path | None = Field(None, description="append the access log here; default RUNS_DIR/gateway-access.log")
 
 
 class Gateway:
@@ -55,8 +60,10 @@ class Gateway:
         self.manager = JobManager(
             self.store, self.launcher, runs,
             poll_interval=settings.poll_interval, cancel_timeout=settings.cancel_timeout,
+            max_running_jobs=settings.max_running_jobs,
         )  # fmt: skip
-        self.app = create_app(self.manager, settings.token)
+        self.app = create_app(self.manager, settings.token,
+                              access_log_file=settings.access_log or runs / "gateway-access.log")  # fmt: skip
         config = uvicorn.Config(
             self.app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=5,

@@ -51,6 +51,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX job_points_job_ts ON job_points (job_id, ts)",
     ),
+    (
+        """CREATE TABLE job_events (
+            job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+            ts DOUBLE PRECISION NOT NULL,
+            kind TEXT NOT NULL,
+            detail TEXT NOT NULL
+        )""",
+        "CREATE INDEX job_events_job_ts ON job_events (job_id, ts)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -232,6 +241,39 @@ class JobStore:
         with self._conn() as conn:
             rows = self._exec(conn, sql, (job_id, since, limit)).fetchall()
         return [(float(ts), json.loads(data)) for ts, data in reversed(rows)]
+
+
+    # -- events -----------------------------------------------------------------------------------------------
+
+    def add_event(self, job_id: str, kind: str, detail: str = "", ts: float | None = None) -> None:
+        """Record one lifecycle event (``submitted``, ``queued``, ``started``, ``paused``, ...)."""
+        with self._conn() as conn:
+            self._exec(
+                conn,
+                "INSERT INTO job_events (job_id, ts, kind, detail) VALUES (?, ?, ?, ?)",
+                (job_id, time.time() if ts is None else ts, kind, detail),
+            )
+
+    def events(self, job_id: str, *, since: float = 0.0, limit: int = 1000) -> list[dict[str, Any]]:
+        """The job's events after ``since``, oldest first (at most ``limit``, the oldest ones)."""
+        sql = "SELECT ts, kind, detail FROM job_events WHERE job_id = ? AND ts > ? ORDER BY ts, kind LIMIT ?"
+        with self._conn() as conn:
+            rows = self._exec(conn, sql, (job_id, since, limit)).fetchall()
+        return [{"ts": float(ts), "kind": kind, "detail": detail} for ts, kind, detail in rows]
+
+    def count(self, states: Sequence[str]) -> int:
+        """How many jobs are in one of ``states``."""
+        marks = ", ".join("?" for _ in states)
+        with self._conn() as conn:
+            row = self._exec(conn, f"SELECT COUNT(*) FROM jobs WHERE state IN ({marks})", list(states)).fetchone()
+        return int(row[0])
+
+    def oldest(self, state: str, *, limit: int = 100) -> list[JobRow]:
+        """Jobs in ``state``, oldest first (the queue of submitted jobs is FIFO)."""
+        sql = f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE state = ? ORDER BY created_at, id LIMIT ?"
+        with self._conn() as conn:
+            rows = self._exec(conn, sql, (state, limit)).fetchall()
+        return [JobRow._from(r) for r in rows]
 
 
 def open_store(url: str) -> JobStore:

@@ -76,17 +76,23 @@ def clean_progress(info: dict[str, Any]) -> dict[str, Any]:
         v = info.get(key)
         if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62:
             out[key] = v
-    for key in ("reward_mean", "staleness", "tokens_per_s"):
+    for key in PROGRESS_FLOATS:
         v = info.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[key] = float(v)
-    queues = info.get("queues")
-    if isinstance(queues, dict):
-        depths = {str(k): v for k, v in queues.items()
-                  if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62}  # fmt: skip
-        if depths:
-            out["queues"] = depths
+    for key in ("queues", "restarts"):
+        counts = info.get(key)
+        if isinstance(counts, dict):
+            kept = {str(k)[:128]: v for k, v in list(counts.items())[:64]
+                    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62}  # fmt: skip
+            if kept:
+                out[key] = kept
     return out
+
+
+#: Float fields of a job's progress (status.json), drawn by the dashboard.
+PROGRESS_FLOATS = ("reward_mean", "staleness", "tokens_per_s", "loss", "kl", "entropy", "grad_norm",
+                   "val_score", "logprob_diff")  # fmt: skip
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -12,6 +12,8 @@ tokens_per_s, queues, detail) and exits. Knobs (environment):
     FAKE_IGNORE_TERM  "1": ignore SIGTERM (so cancel must SIGKILL)
     FAKE_CHILD        "1": start a child process in the same group; its pid goes to DIR/child.pid
     FAKE_GARBAGE      "1": write a status.json with NaN, wrong types and a huge detail each step
+    FAKE_SERVICE_LOGS "1": also write DIR/logs/trainer.log and DIR/logs/rollout-0.log, a line per step
+    FAKE_RESTARTS     "1": report ``restarts: {"reward-0": 1}`` in status.json from step 2 on
 """
 
 from __future__ import annotations
@@ -60,7 +62,14 @@ def main() -> int:
             run_dir, state="running", step=step, total_steps=steps, reward_mean=round(step / steps, 4),
             staleness=0.5, tokens_per_s=100.0 + step, queues={"prompts": step, "rollouts": 1, "experience": 0},
             detail=f"step {step}/{steps}",
+            **({"restarts": {"reward-0": 1}} if os.environ.get("FAKE_RESTARTS") == "1" and step >= 2 else {}),
         )  # fmt: skip
+        print(f"fake job: step {step}", flush=True)
+        if os.environ.get("FAKE_SERVICE_LOGS") == "1":
+            (run_dir / "logs").mkdir(exist_ok=True)
+            for service in ("trainer", "rollout-0"):
+                with open(run_dir / "logs" / f"{service}.log", "a") as f:
+                    f.write(f"{service}: step {step}\n")
     final = "succeeded" if code == 0 else "failed"
     write_status(run_dir, state=final, step=steps, total_steps=steps, reward_mean=1.0, staleness=0.5,
                  tokens_per_s=100.0 + steps, queues={"prompts": 0, "rollouts": 0, "experience": 0},

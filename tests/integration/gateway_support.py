@@ -16,11 +16,26 @@ from services.launch.local import LocalLauncher
 FAKE_JOB = Path(__file__).with_name("gateway_fake_job.py")
 TOKEN = "test-token-0123456789"
 
+
+
+def _standin_files() -> tuple[str, str]:
+    """An existing model dir and data file: the gateway refuses relative or missing paths at
+    submit, and the stand-in driver never reads them."""
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / "meshrl-gateway-standin"
+    (root / "tiny-model").mkdir(parents=True, exist_ok=True)
+    (root / "train.parquet").touch()
+    return str(root / "tiny-model"), str(root / "train.parquet")
+
+
+STANDIN_MODEL, STANDIN_DATA = _standin_files()
+
 #: The smallest spec the job schema accepts (the stand-in driver does not read its fields).
 VALID_SPEC: dict[str, Any] = {
     "name": "arith-test",
-    "model": {"path": "tiny-model"},
-    "data": {"train_files": ["train.parquet"], "train_batch_size": 4},
+    "model": {"path": STANDIN_MODEL},
+    "data": {"train_files": [STANDIN_DATA], "train_batch_size": 4},
     "actor": {"ppo_mini_batch_size": 4},
     "rollout": {"n": 2},
 }

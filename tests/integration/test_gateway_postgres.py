@@ -44,6 +44,13 @@ def test_postgres_store_migrates_and_roundtrips(pg_url):
     store.add_point("p-1", {"step": 1}, ts=1.0)
     store.add_point("p-1", {"step": 2}, ts=2.0)
     assert [d["step"] for _, d in store.points("p-1", since=1.0)] == [2]
+    store.add_event("p-1", "submitted", ts=1.0)
+    store.add_event("p-1", "restarted", "reward-0 (restart 1)", ts=3.0)
+    store.add_event("p-2", "finished", "failed: boom", ts=2.0)
+    assert store.events("p-1") == [{"ts": 1.0, "kind": "submitted", "detail": ""},
+                                   {"ts": 3.0, "kind": "restarted", "detail": "reward-0 (restart 1)"}]  # fmt: skip
+    assert [e["kind"] for e in store.events("p-1", since=1.0)] == ["restarted"]
+    assert store.count(["paused", "failed"]) == 2 and [r.id for r in store.oldest("paused")] == ["p-1"]
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
 
@@ -63,5 +70,8 @@ def test_gateway_runs_a_job_with_jobs_in_postgres(tmp_path, pg_url):
         jid = r.json()["id"]
         wait_until(lambda: c.get(f"/v1/jobs/{jid}", headers=auth()).json()["state"] == "succeeded", what="success")
         assert c.get(f"/v1/jobs/{jid}/metrics", headers=auth()).json()["points"]
+        wait_until(lambda: [e["kind"] for e in c.get(f"/v1/jobs/{jid}/events", headers=auth()).json()["events"]]
+                   == ["submitted", "started", "finished"], what="events in PostgreSQL")  # fmt: skip
     with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM job_events WHERE job_id = %s", (jid,)).fetchone()[0] == 3
         assert conn.execute("SELECT state FROM jobs WHERE id = %s", (jid,)).fetchone()[0] == "succeeded"

@@ -1,0 +1,99 @@
+"""A job's log files, read for ``GET /v1/jobs/{id}/logs`` and the gRPC ``GetJobLogs``.
+
+A job's run dir holds ``job.log`` (the job driver, `meshrl run`) and ``logs/<service>.log``
+(one per service: ``trainer``, ``reward-0``, ``rollout-0``, ...). The service ``job`` names
+the driver's log. Only names found in the run dir are accepted, so no request can reach a
+file outside it.
+
+    log_services(run_dir)                    -> ["job", "reward-0", "rollout-0", "trainer"]
+    tail_text(path, lines=200)               -> the last 200 lines (at most MAX_TAIL_BYTES)
+    follow(path, offset, finished, max_s)    -> yields new bytes until the job finished or max_s
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+MAX_TAIL_LINES = 10_000
+MAX_TAIL_BYTES = 4 << 20
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class UnknownLog(LookupError):
+    """No such service log in the job's run dir (the message lists the ones there are)."""
+
+
+def log_services(run_dir: Path) -> list[str]:
+    """Services with a log in ``run_dir``: ``job`` (the driver) first, then ``logs/*.log`` sorted."""
+    out = ["job"] if (run_dir / "job.log").is_file() else []
+    logs = run_dir / "logs"
+    if logs.is_dir():
+        out += sorted(p.stem for p in logs.glob("*.log") if p.is_file() and _NAME.match(p.stem) and p.stem != "job")
+    return out
+
+
+def log_path(run_dir: Path, service: str) -> Path:
+    """The log file of ``service``; :class:`UnknownLog` if the run dir has none."""
+    names = log_services(run_dir)
+    if service not in names:
+        have = ", ".join(names) if names else "none yet"
+        raise UnknownLog(f"service: no log named {service!r} for this job (logs: {have})")
+    return run_dir / "job.log" if service == "job" else run_dir / "logs" / f"{service}.log"
+
+
+def tail_bytes(path: Path, lines: int) -> tuple[bytes, int]:
+    """The last ``lines`` lines of ``path`` (bounded by MAX_TAIL_BYTES) and the file size read up to."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        if lines <= 0:
+            return b"", end
+        pos, buf = end, b""
+        while pos > 0 and buf.count(b"\n") <= lines and len(buf) < MAX_TAIL_BYTES:
+            step = min(64 << 10, pos)
+            pos -= step
+            f.seek(pos)
+            buf = f.read(step) + buf
+    if buf.count(b"\n") > lines or len(buf) >= MAX_TAIL_BYTES:
+        body = buf[:-1] if buf.endswith(b"\n") else buf
+        cut = body.split(b"\n")[-lines:]
+        buf = b"\n".join(cut) + (b"\n" if buf.endswith(b"\n") else b"")
+        buf = buf[-MAX_TAIL_BYTES:]
+    return buf, end
+
+
+def follow(path: Path, offset: int, finished: Callable[[], bool], max_seconds: float,
+           poll: float = 0.25) -> Iterator[bytes]:  # fmt: skip
+    """Yield what is appended to ``path`` after ``offset``, until ``finished()`` (then the
+    rest is drained) or ``max_seconds`` pass. Never blocks longer than ``poll`` between checks."""
+    deadline = time.monotonic() + max_seconds
+    done = False
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                if size < offset:  # truncated or replaced: start over
+                    offset = 0
+                f.seek(offset)
+                chunk = f.read(MAX_TAIL_BYTES)
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            offset += len(chunk)
+            yield chunk
+            if time.monotonic() >= deadline:
+                return
+            continue
+        if done or time.monotonic() >= deadline:
+            return
+        done = finished()  # one more read after the job finished, so its last lines come through
+        if not done:
+            time.sleep(poll)
+
+
+__all__ = ["MAX_TAIL_LINES", "UnknownLog", "follow", "log_path", "log_services", "tail_bytes"]
