@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tjob.proto\x12\tmeshrl.v1\"8\n\x10JobSubmitRequest\x12\x11\n\tspec_yaml\x18\x01 \x01(\t\x12\x11\n\toverrides\x18\x02 \x03(\t\"\xba\x02\n\x0fJobProgressInfo\x12\x11\n\x04step\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btotal_steps\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x18\n\x0breward_mean\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\tstaleness\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x19\n\x0ctokens_per_s\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x36\n\x06queues\x18\x06 \x03(\x0b\x32&.meshrl.v1.JobProgressInfo.QueuesEntry\x1a-\n\x0bQueuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x07\n\x05_stepB\x0e\n\x0c_total_stepsB\x0e\n\x0c_reward_meanB\x0c\n\n_stalenessB\x0f\n\r_tokens_per_s\"\xf6\x01\n\x07JobInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x16\n\texit_code\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08launcher\x18\x06 \x01(\t\x12\x11\n\toverrides\x18\x07 \x03(\t\x12\x12\n\ncreated_at\x18\x08 \x01(\x01\x12\x12\n\nupdated_at\x18\t \x01(\x01\x12,\n\x08progress\x18\n \x01(\x0b\x32\x1a.meshrl.v1.JobProgressInfo\x12\x11\n\tspec_yaml\x18\x0b \x01(\tB\x0c\n\n_exit_code\"\x1a\n\x0cJobIdRequest\x12\n\n\x02id\x18\x01 \x01(\t\">\n\x0eJobListRequest\x12\r\n\x05state\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\r\"0\n\x0cJobListReply\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.meshrl.v1.JobInfo\".\n\x11JobMetricsRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\"J\n\x0eJobMetricPoint\x12\n\n\x02ts\x18\x01 \x01(\x01\x12,\n\x08progress\x18\x02 \x01(\x0b\x32\x1a.meshrl.v1.JobProgressInfo\"\x85\x01\n\x0fJobMetricsReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12,\n\x08progress\x18\x03 \x01(\x0b\x32\x1a.meshrl.v1.JobProgressInfo\x12)\n\x06points\x18\x04 \x03(\x0b\x32\x19.meshrl.v1.JobMetricPoint2\xb9\x03\n\nJobService\x12<\n\tSubmitJob\x12\x1b.meshrl.v1.JobSubmitRequest\x1a\x12.meshrl.v1.JobInfo\x12>\n\x08ListJobs\x12\x19.meshrl.v1.JobListRequest\x1a\x17.meshrl.v1.JobListReply\x12\x35\n\x06GetJob\x12\x17.meshrl.v1.JobIdRequest\x1a\x12.meshrl.v1.JobInfo\x12\x38\n\tCancelJob\x12\x17.meshrl.v1.JobIdRequest\x1a\x12.meshrl.v1.JobInfo\x12\x37\n\x08PauseJob\x12\x17.meshrl.v1.JobIdRequest\x1a\x12.meshrl.v1.JobInfo\x12\x38\n\tResumeJob\x12\x17.meshrl.v1.JobIdRequest\x1a\x12.meshrl.v1.JobInfo\x12I\n\rGetJobMetrics\x12\x1c.meshrl.v1.JobMetricsRequest\x1a\x1a.meshrl.v1.JobMetricsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\tjob.proto\x12\tmeshrl.v1\"8\n\x10JobSubmitRequest\x12\x11\n\tspec_yaml\x18\x01 \x01(\t\x12\x11\n\toverrides\x18\x02 \x03(\t\"\xf5\x04\n\x0fJobProgressInfo\x12\x11\n\x04step\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btotal_steps\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x18\n\x0breward_mean\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\tstaleness\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x19\n\x0ctokens_per_s\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x36\n\x06queues\x18\x06 \x03(\x0b\x32&.meshrl.v1.JobProgressInfo.QueuesEntry\x12\x11\n\x04loss\x18\x07 \x01(\x01H\x05\x88\x01\x01\x12\x0f\n\x02kl\x18\x08 \x01(\x01H\x06\x88\x01\x01\x12\x14\n\x07\x65ntropy\x18\t \x01(\x01H\x07\x88\x01\x01\x12\x16\n\tgrad_norm\x18\n \x01(\x01H\x08\x88\x01\x01\x12\x16\n\tval_score\x18\x0b \x01(\x01H\t\x88\x01\x01\x12\x19\n\x0clogprob_diff\x18\x0c \x01(\x01H\n\x88\x01\x01\x12:\n\x08restarts\x18\r \x03(\x0b\x32(.meshrl.v1.JobProgressInfo.RestartsEntry\x1a-\n\x0bQueuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rRestartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x07\n\x05_stepB\x0e\n\x0c_total_stepsB\x0e\n\x0c_reward_meanB\x0c\n\n_stalenessB\x0f\n\r_tokens_per_sB\x07\n\x05_lossB\x05\n\x03_klB\n\n\x08_entropyB\x0c\n\n_grad_normB\x0c\n\n_val_scoreB\x0f\n\r_logprob_diff\"\xf6\x01\n\x07JobInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x16\n\texit_code\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08launcher\x18\x06 \x01(\t\x12\x11\n\toverrides\x18\x07 \x03(\t\x12\x12\n\ncreated_at\x18\x08 \x01(\x01\x12\x12\n\nupdated_at\x18\t \x01(\x01\x12,\n\x08progress\x18\n \x01(\x0b\x32\x1a.meshrl.v1.JobProgressInfo\x12\x11\n\tspec_yaml\x18\x0b \x01(\tB\x0c\n\n_exit_code\"\x1a\n\x0cJobIdRequest\x12\n\n\x02id\x18\x01 \x01(\t\">\n\x0eJobListRequest\x12\r\n\x05state\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\r\"0\n\x0cJobListReply\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.meshrl.v1.JobInfo\".\n\x11JobMetricsRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\"J\n\x0eJobMetricPoint\x12\n\n\x02ts\x18\x01 \x01(\x01\x12,\n\x08progress\x18\x02 \x01(\x0b\x32\x1a.meshrl.v1.JobProgressInfo\"\x85\x01\n\x0fJobMetricsReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12,\n\x08progress\x18\x03 \x01(\x0b\x32\x1a.meshrl.v1.JobProgressInfo\x12)\n\x06points\x18\x04 \x03(\x0b\x32\x19.meshrl.v1.JobMetricPoint\"<\n\x10JobEventsRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05since\x18\x02 \x01(\x01\x12\r\n\x05limit\x18\x03 \x01(\r\"4\n\x08JobEvent\x12\n\n\x02ts\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"P\n\x0eJobEventsReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12#\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x13.meshrl.v1.JobEvent\"n\n\x0eJobLogsRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07service\x18\x02 \x01(\t\x12\x11\n\x04tail\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x13\n\x0bmax_seconds\x18\x05 \x01(\x01\x42\x07\n\x05_tail\"\x1b\n\x0bJobLogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xc4\x04\n\nJobService\x12<\n\tSubmitJob\x12\x1b.meshrl.v1.JobSubmitRequest\x1a\x12.meshrl.v1.JobInfo\x12>\n\x08ListJobs\x12\x19.meshrl.v1.JobListRequest\x1a\x17.meshrl.v1.JobListReply\x12\x35\n\x06GetJob\x12\x17.meshrl.v1.JobIdRequest\x1a\x12.meshrl.v1.JobInfo\x12\x38\n\tCancelJob\x12\x17.meshrl.v1.JobIdRequest\x1a\x12.meshrl.v1.JobInfo\x12\x37\n\x08PauseJob\x12\x17.meshrl.v1.JobIdRequest\x1a\x12.meshrl.v1.JobInfo\x12\x38\n\tResumeJob\x12\x17.meshrl.v1.JobIdRequest\x1a\x12.meshrl.v1.JobInfo\x12I\n\rGetJobMetrics\x12\x1c.meshrl.v1.JobMetricsRequest\x1a\x1a.meshrl.v1.JobMetricsReply\x12\x46\n\x0cGetJobEvents\x12\x1b.meshrl.v1.JobEventsRequest\x1a\x19.meshrl.v1.JobEventsReply\x12\x41\n\nGetJobLogs\x12\x19.meshrl.v1.JobLogsRequest\x1a\x16.meshrl.v1.JobLogChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,26 +33,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBPROGRESSINFO_QUEUESENTRY']._loaded_options = None
   _globals['_JOBPROGRESSINFO_QUEUESENTRY']._serialized_options = b'8\001'
+  _globals['_JOBPROGRESSINFO_RESTARTSENTRY']._loaded_options = None
+  _globals['_JOBPROGRESSINFO_RESTARTSENTRY']._serialized_options = b'8\001'
   _globals['_JOBSUBMITREQUEST']._serialized_start=24
   _globals['_JOBSUBMITREQUEST']._serialized_end=80
   _globals['_JOBPROGRESSINFO']._serialized_start=83
-  _globals['_JOBPROGRESSINFO']._serialized_end=397
-  _globals['_JOBPROGRESSINFO_QUEUESENTRY']._serialized_start=280
-  _globals['_JOBPROGRESSINFO_QUEUESENTRY']._serialized_end=325
-  _globals['_JOBINFO']._serialized_start=400
-  _globals['_JOBINFO']._serialized_end=646
-  _globals['_JOBIDREQUEST']._serialized_start=648
-  _globals['_JOBIDREQUEST']._serialized_end=674
-  _globals['_JOBLISTREQUEST']._serialized_start=676
-  _globals['_JOBLISTREQUEST']._serialized_end=738
-  _globals['_JOBLISTREPLY']._serialized_start=740
-  _globals['_JOBLISTREPLY']._serialized_end=788
-  _globals['_JOBMETRICSREQUEST']._serialized_start=790
-  _globals['_JOBMETRICSREQUEST']._serialized_end=836
-  _globals['_JOBMETRICPOINT']._serialized_start=838
-  _globals['_JOBMETRICPOINT']._serialized_end=912
-  _globals['_JOBMETRICSREPLY']._serialized_start=915
-  _globals['_JOBMETRICSREPLY']._serialized_end=1048
-  _globals['_JOBSERVICE']._serialized_start=1051
-  _globals['_JOBSERVICE']._serialized_end=1492
+  _globals['_JOBPROGRESSINFO']._serialized_end=712
+  _globals['_JOBPROGRESSINFO_QUEUESENTRY']._serialized_start=473
+  _globals['_JOBPROGRESSINFO_QUEUESENTRY']._serialized_end=518
+  _globals['_JOBPROGRESSINFO_RESTARTSENTRY']._serialized_start=520
+  _globals['_JOBPROGRESSINFO_RESTARTSENTRY']._serialized_end=567
+  _globals['_JOBINFO']._serialized_start=715
+  _globals['_JOBINFO']._serialized_end=961
+  _globals['_JOBIDREQUEST']._serialized_start=963
+  _globals['_JOBIDREQUEST']._serialized_end=989
+  _globals['_JOBLISTREQUEST']._serialized_start=991
+  _globals['_JOBLISTREQUEST']._serialized_end=1053
+  _globals['_JOBLISTREPLY']._serialized_start=1055
+  _globals['_JOBLISTREPLY']._serialized_end=1103
+  _globals['_JOBMETRICSREQUEST']._serialized_start=1105
+  _globals['_JOBMETRICSREQUEST']._serialized_end=1151
+  _globals['_JOBMETRICPOINT']._serialized_start=1153
+  _globals['_JOBMETRICPOINT']._serialized_end=1227
+  _globals['_JOBMETRICSREPLY']._serialized_start=1230
+  _globals['_JOBMETRICSREPLY']._serialized_end=1363
+  _globals['_JOBEVENTSREQUEST']._serialized_start=1365
+  _globals['_JOBEVENTSREQUEST']._serialized_end=1425
+  _globals['_JOBEVENT']._serialized_start=1427
+  _globals['_JOBEVENT']._serialized_end=1479
+  _globals['_JOBEVENTSREPLY']._serialized_start=1481
+  _globals['_JOBEVENTSREPLY']._serialized_end=1561
+  _globals['_JOBLOGSREQUEST']._serialized_start=1563
+  _globals['_JOBLOGSREQUEST']._serialized_end=1673
+  _globals['_JOBLOGCHUNK']._serialized_start=1675
+  _globals['_JOBLOGCHUNK']._serialized_end=1702
+  _globals['_JOBSERVICE']._serialized_start=1705
+  _globals['_JOBSERVICE']._serialized_end=2285
 # @@protoc_insertion_point(module_scope)

@@ -69,6 +69,16 @@ class JobServiceStub:
                 request_serializer=job__pb2.JobMetricsRequest.SerializeToString,
                 response_deserializer=job__pb2.JobMetricsReply.FromString,
                 _registered_method=True)
+        self.GetJobEvents = channel.unary_unary(
+                '/meshrl.v1.JobService/GetJobEvents',
+                request_serializer=job__pb2.JobEventsRequest.SerializeToString,
+                response_deserializer=job__pb2.JobEventsReply.FromString,
+                _registered_method=True)
+        self.GetJobLogs = channel.unary_stream(
+                '/meshrl.v1.JobService/GetJobLogs',
+                request_serializer=job__pb2.JobLogsRequest.SerializeToString,
+                response_deserializer=job__pb2.JobLogChunk.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -116,6 +126,18 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +175,16 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetJobMetrics,
                     request_deserializer=job__pb2.JobMetricsRequest.FromString,
                     response_serializer=job__pb2.JobMetricsReply.SerializeToString,
+            ),
+            'GetJobEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobEvents,
+                    request_deserializer=job__pb2.JobEventsRequest.FromString,
+                    response_serializer=job__pb2.JobEventsReply.SerializeToString,
+            ),
+            'GetJobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetJobLogs,
+                    request_deserializer=job__pb2.JobLogsRequest.FromString,
+                    response_serializer=job__pb2.JobLogChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +376,60 @@ class JobService:
             '/meshrl.v1.JobService/GetJobMetrics',
             job__pb2.JobMetricsRequest.SerializeToString,
             job__pb2.JobMetricsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshrl.v1.JobService/GetJobEvents',
+            job__pb2.JobEventsRequest.SerializeToString,
+            job__pb2.JobEventsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/meshrl.v1.JobService/GetJobLogs',
+            job__pb2.JobLogsRequest.SerializeToString,
+            job__pb2.JobLogChunk.FromString,
             options,
             channel_credentials,
             insecure,
