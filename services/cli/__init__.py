@@ -4,12 +4,18 @@ Parsing happens before any heavy import so ``meshrl --help`` is instant: each su
 lives in its own module and is imported only when it runs. To add one, append a
 ``Subcommand`` to ``SUBCOMMANDS`` and give its module ``add_arguments(parser)`` and
 ``run(args) -> int``.
+
+Every failure ends as one line on stderr, ``meshrl <command>: <what is wrong and what to
+do>``, with exit code 2 for a problem of the input (bad spec, missing file, port taken)
+and 1 for anything else; the traceback is shown only with ``--debug`` (before or after
+the command) or ``MESHRL_DEBUG=1``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 
@@ -30,6 +36,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("warm-start", "services.cli.warm_start", "a short supervised warm start (SFT) before RL"),
     Subcommand("validate", "services.cli.validate", "check a job spec and print it resolved (with a.b=c overrides)"),
     Subcommand("gateway", "services.cli.gateway", "serve the REST + gRPC control plane and the dashboard (jobs in SQLite/PostgreSQL)"),
+    Subcommand("export", "services.cli.export", "write a trainer checkpoint as a Hugging Face model directory"),
     Subcommand("make-dataset", "services.cli.make_dataset", "write a built-in synthetic task (verl parquet format)"),
     Subcommand("make-tiny-model", "services.cli.make_tiny_model", "write the tiny Qwen2-style test model (local tokenizer, random weights)"),
 ]
@@ -41,13 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="meshrl: asynchronous RL post-training of language models as a mesh of services.",
     )
     parser.add_argument("--version", action="version", version=f"meshrl {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of failures (also MESHRL_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for sc in SUBCOMMANDS:
         p = sub.add_parser(sc.name, help=sc.help, description=sc.help)
         p.set_defaults(_module=sc.module)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of a failure")
         # Argument definitions are cheap modules by convention (no torch at import).
         importlib.import_module(sc.module).add_arguments(p)
     return parser
+
+
+def describe_failure(exc: BaseException) -> tuple[str, int]:
+    """One line saying what went wrong, and the exit code (2: fix the input; 1: other)."""
+    from services.cli.errors import describe
+
+    return describe(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2
-    return int(importlib.import_module(args._module).run(args) or 0)
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("MESHRL_DEBUG", "") not in ("", "0")
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"meshrl {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place failures become one line
+        if debug:
+            raise
+        line, code = describe_failure(exc)
+        print(f"meshrl {args.command}: {line}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

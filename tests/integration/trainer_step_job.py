@@ -5,7 +5,8 @@ Run as ``nproc`` ranks by ``trainer_svc.launch.spawn_ranks``::
     python tests/integration/trainer_step_job.py SPEC.json OUT_DIR [--steps K]
 
 Rank 0 writes ``OUT_DIR/result.json`` (per-step metrics, versions) and
-``OUT_DIR/params.safetensors`` (the full parameters after the last step).
+``OUT_DIR/params.safetensors`` (the full parameters after the last step); with
+``--save DIR`` also a trainer checkpoint of the last step under DIR.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--nan-step", type=int, default=-1, help="poison the advantages of this step with NaN")
+    ap.add_argument("--save", default=None, help="write a trainer checkpoint (DCP) of the last step here")
     args = ap.parse_args()
 
     import torch
@@ -45,6 +47,10 @@ def main() -> int:
             batch.batch["token_level_scores"][0, 0] = float("nan")
         res = worker.step(batch)
         steps.append({"version": res.version, "applied": res.applied, "skipped": res.skipped_steps, "metrics": res.metrics})
+    if args.save:
+        from trainer_svc.checkpoint import CheckpointManager
+
+        CheckpointManager(args.save, ctx).save(args.steps, worker, {})
     params = {name: t.clone().contiguous() for name, t in worker.full_params()}
     if ctx.rank == 0:
         out = Path(args.out)
