@@ -19,10 +19,9 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
     from rollout_svc.metrics import RolloutMetrics
     from rollout_svc.replica import Replica
     from services.metrics import MetricsServer
-    from services.modelling.tiny import resolve_model
 
     cfg = settings.rollout
-    engine = RolloutEngine(cfg, resolve_model(settings.model), dtype=settings.dtype, tokenizer=settings.tokenizer,
+    engine = RolloutEngine(cfg, settings.model, dtype=settings.dtype, tokenizer=settings.tokenizer,
                            trust_remote_code=settings.trust_remote_code)
     metrics = RolloutMetrics()
     prompts = rollouts = None

@@ -14,8 +14,9 @@ this machine (nothing is downloaded):
 - ``tokenizer_config.json`` with a Qwen-style chat template, and ``generation_config.json``.
 
 The directory loads with ``transformers.AutoModelForCausalLM/AutoTokenizer.from_pretrained``
-and with ``vllm.LLM(model=dir, dtype="float32")``. Real models need none of this: a path or a
-hub id is passed to vLLM/transformers as is (see :func:`resolve_model`).
+and with ``vllm.LLM(model=dir, dtype="float32")``. Only tools import this module
+(``meshrl make-tiny-model``, the quick start, tests, benchmarks): the services load a model
+directory that exists already, whoever built it.
 """
 
 from __future__ import annotations
@@ -189,17 +190,3 @@ def count_parameters(model_dir: str | Path) -> int:
                     n *= s
                 total += n
     return total
-
-
-def resolve_model(model: str) -> str:
-    """Return what vLLM/transformers should load for ``model``.
-
-    ``"tiny:DIR"`` builds the tiny model into ``DIR`` if it is not there yet and returns
-    ``DIR``; anything else (a local path or a hub id) is returned unchanged.
-    """
-    if model.startswith("tiny:"):
-        d = Path(model[len("tiny:") :])
-        if not (d / "config.json").exists():
-            build_tiny_model(d)
-        return str(d)
-    return model

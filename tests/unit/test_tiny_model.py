@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.modelling.tiny import CHAT_TEMPLATE, TinyModelSpec, build_tiny_model, count_parameters, resolve_model
+from services.modelling.tiny import CHAT_TEMPLATE, TinyModelSpec, build_tiny_model, count_parameters
 
 
 def test_loads_with_transformers(tiny_model: str) -> None:
@@ -63,11 +64,27 @@ def test_refuses_to_overwrite_foreign_dir(tmp_path: Path) -> None:
     assert (tmp_path / "precious.txt").read_text() == "keep me"
 
 
-def test_resolve_model_passes_real_ids_through(tmp_path: Path) -> None:
-    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert resolve_model("/models/x") == "/models/x"
-    d = tmp_path / "t"
-    assert resolve_model(f"tiny:{d}") == str(d) and (d / "config.json").exists()
+def test_services_never_import_the_test_model_builder() -> None:
+    """Only tools (the CLI, tests, benchmarks) build the tiny model; the services load a
+    model directory that exists (no ``tiny:DIR`` path form)."""
+    root = Path(__file__).resolve().parents[2]
+    tool_dirs = {root / "services" / "cli", root / "services" / "modelling"}
+    offenders, scanned = [], 0
+    for pkg in ("services", "trainer_svc", "rollout_svc", "reward_svc"):
+        for path in (root / pkg).rglob("*.py"):
+            if any(path.is_relative_to(d) for d in tool_dirs):
+                continue
+            scanned += 1
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                if any(n == "services.modelling" or n.startswith("services.modelling.") for n in names):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert scanned > 100
+    assert offenders == []
 
 
 def test_cli_subcommand(tmp_path: Path) -> None:
