@@ -1,14 +1,20 @@
 """Name registries for advantage estimators and policy losses, and config access.
 
-The registries are plain dicts owned by this module (the only shared mutable objects of
-the algorithms package, exactly like verl's ``ADV_ESTIMATOR_REGISTRY`` /
-``POLICY_LOSS_REGISTRY``): decorating a function registers it under a name, and the
-trainer looks the name from the job spec up with ``get_*_fn``.
+The registries are plain dicts, as verl's ``ADV_ESTIMATOR_REGISTRY`` /
+``POLICY_LOSS_REGISTRY``: decorating a function registers it under a name, and the trainer
+looks the name from the job spec up with ``get_*_fn``. Their public home is
+:mod:`trainer_svc.core_algos` (verl's import path): code written for verl mutates
+``core_algos.ADV_ESTIMATOR_REGISTRY`` in place, or rebinds it to a new dict (verl's own
+tests do, and so does ``monkeypatch.setattr``). The functions here therefore look the
+registry up where such code changes it, on every call (:func:`_current`), so a rebinding is
+seen by ``register_*`` and ``get_*`` exactly as in verl, where these functions read the
+module global of ``core_algos`` itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, MutableMapping
 from enum import Enum
 from typing import Any, Callable, Optional
 
@@ -32,6 +38,21 @@ PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 
 POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+_BUILT_IN = {"POLICY_LOSS_REGISTRY": POLICY_LOSS_REGISTRY, "ADV_ESTIMATOR_REGISTRY": ADV_ESTIMATOR_REGISTRY}
+_PUBLIC_MODULE = "trainer_svc.core_algos"
+
+
+def _current(name: str) -> MutableMapping[str, Callable]:
+    """The registry dict called ``name`` as user code currently binds it.
+
+    ``trainer_svc.core_algos.<name>`` if that module is loaded and binds a mapping other
+    than the built-in dict; else this module's ``<name>`` (which tests may rebind too);
+    both start as the same built-in dict.
+    """
+    public = getattr(sys.modules.get(_PUBLIC_MODULE), name, None)
+    if isinstance(public, MutableMapping) and public is not _BUILT_IN[name]:
+        return public
+    return globals()[name]
 
 
 class AdvantageEstimator(str, Enum):
@@ -65,7 +86,7 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     earlier one, as in verl). Returns the function unchanged."""
 
     def decorator(func: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSS_REGISTRY[name] = func
+        _current("POLICY_LOSS_REGISTRY")[name] = func
         return func
 
     return decorator
@@ -77,9 +98,10 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
     Raises:
         ValueError: unknown name (the message lists the registered ones).
     """
-    if name not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"Unsupported loss mode: {name}. Supported modes are: {list(POLICY_LOSS_REGISTRY)}")
-    return POLICY_LOSS_REGISTRY[name]
+    registry = _current("POLICY_LOSS_REGISTRY")
+    if name not in registry:
+        raise ValueError(f"Unsupported loss mode: {name}. Supported modes are: {list(registry)}")
+    return registry[name]
 
 
 def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callable], Callable]:
@@ -92,10 +114,11 @@ def register_adv_est(name_or_enum: str | AdvantageEstimator) -> Callable[[Callab
 
     def decorator(fn: Callable) -> Callable:
         name = _name_of(name_or_enum)
-        existing = ADV_ESTIMATOR_REGISTRY.get(name)
+        registry = _current("ADV_ESTIMATOR_REGISTRY")
+        existing = registry.get(name)
         if existing is not None and existing is not fn:
             raise ValueError(f"Adv estimator {name} has already been registered: {existing} vs {fn}")
-        ADV_ESTIMATOR_REGISTRY[name] = fn
+        registry[name] = fn
         return fn
 
     return decorator
@@ -105,12 +128,15 @@ def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> Callable:
     """The advantage estimator registered under a name or enum member.
 
     Raises:
-        ValueError: unknown name.
+        ValueError: unknown name (case-sensitive). The message starts as verl's does
+            (``"Unknown advantage estimator simply: <name>"``, which verl's tests match) and
+            lists the registered names.
     """
     name = _name_of(name_or_enum)
-    if name not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(f"Unknown advantage estimator: {name}. Registered: {list(ADV_ESTIMATOR_REGISTRY)}")
-    return ADV_ESTIMATOR_REGISTRY[name]
+    registry = _current("ADV_ESTIMATOR_REGISTRY")
+    if name not in registry:
+        raise ValueError(f"Unknown advantage estimator simply: {name}. Registered: {list(registry)}")
+    return registry[name]
 
 
 def cfg_get(config: Optional[Any], key: str, default: Any = None) -> Any:
