@@ -1,1 +1,4 @@
-"""reward_svc: see ../shared DESIGN.md and docs/."""
+"""reward_svc: scores generated samples (``rollouts`` -> ``experience``, gRPC ``Score``).
+
+See docs/reward.md; the whole system: docs/architecture.md.
+"""
