@@ -17,6 +17,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.data.prompts import apply_template
+
 
 @dataclass
 class WarmStartResult:
@@ -26,14 +28,12 @@ class WarmStartResult:
     out_dir: Path
 
 
-def _examples(rows, tokenizer, max_len: int) -> list[tuple[list[int], int]]:
+def _examples(rows, tokenizer, max_len: int, chat_template: str | None = None) -> list[tuple[list[int], int]]:
     """(token ids of prompt+answer+eos, number of prompt tokens) per row."""
     out = []
     eos = tokenizer.eos_token_id
     for r in rows:
-        p = tokenizer.apply_chat_template(list(r["prompt"]), add_generation_prompt=True, tokenize=True)
-        if hasattr(p, "keys"):
-            p = p["input_ids"]
+        p = apply_template(tokenizer, r["prompt"], chat_template)
         a = tokenizer.encode(str(r["reward_model"]["ground_truth"]), add_special_tokens=False)
         ids = list(p) + list(a) + [eos]
         if len(ids) <= max_len:
@@ -81,18 +81,22 @@ def expected_exact_match(model, examples, pad: int, device: str = "cpu", batch_s
 
 def warm_start(model_dir: str | Path, data_files, out_dir: str | Path, *, steps: int = 200,
                batch_size: int = 32, lr: float = 2e-3, seed: int = 0, max_len: int = 64,
-               device: str = "cpu", log_every: int = 50) -> WarmStartResult:
+               device: str = "cpu", log_every: int = 50, chat_template: str | None = None) -> WarmStartResult:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from services.data.parquet import read_rows
+    from services.data.files import read_rows
+    from services.data.prompts import resolve_chat_template
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars: noise in a run log
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     model.train()
-    examples = _examples(read_rows(data_files), tok, max_len)
+    examples = _examples(read_rows(data_files), tok, max_len, resolve_chat_template(chat_template))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     loss_val = float("nan")
@@ -106,7 +110,7 @@ def warm_start(model_dir: str | Path, data_files, out_dir: str | Path, *, steps:
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss_val = float(out.loss)
+        loss_val = float(out.loss.detach())
         if log_every and step % log_every == 0:
             print(f"warm start step {step}/{steps} loss={loss_val:.4f}", flush=True)
     p_correct = expected_exact_match(model, examples[:512], pad, device)

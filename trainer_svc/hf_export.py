@@ -147,6 +147,7 @@ def export_hf(src: str | Path, out: str | Path, *, model_dir: str | Path | None 
     floating = [v.dtype for v in weights.values() if v.is_floating_point()]
     wdtype = floating[0] if floating else torch.float32
     transformers.utils.logging.set_verbosity_error()  # init-time chatter about weights we overwrite next
+    transformers.utils.logging.disable_progress_bar()
     with torch.device("cpu"):
         model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=found.trust_remote_code,
                                                               dtype=wdtype)

@@ -37,7 +37,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("validate", "services.cli.validate", "check a job spec and print it resolved (with a.b=c overrides)"),
     Subcommand("gateway", "services.cli.gateway", "serve the REST + gRPC control plane and the dashboard (jobs in SQLite/PostgreSQL)"),
     Subcommand("export", "services.cli.export", "write a trainer checkpoint as a Hugging Face model directory"),
-    Subcommand("make-dataset", "services.cli.make_dataset", "write a built-in synthetic task (verl parquet format)"),
+    Subcommand("make-dataset", "services.cli.make_dataset", "write a built-in task, or convert a local GSM8K/MATH file, to verl parquet"),
     Subcommand("make-tiny-model", "services.cli.make_tiny_model", "write the tiny Qwen2-style test model (local tokenizer, random weights)"),
 ]
 

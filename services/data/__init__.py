@@ -1,7 +1,10 @@
-"""Prompt datasets in verl's parquet format, and meshrl's built-in synthetic tasks.
+"""Prompt datasets in verl's row schema, and meshrl's built-in synthetic tasks.
 
     synthetic.py  generators for `meshrl/arith` and `meshrl/countdown` (verl's row schema)
-    parquet.py    read/write verl-style parquet rows with pyarrow
+    parquet.py    the row schema; write verl-style parquet rows with pyarrow
+    files.py      read rows from parquet, JSON lines, JSON and `datasets` save_to_disk dirs
+    convert.py    GSM8K (question/answer, '#### N') and MATH (problem/solution, \\boxed{})
+                  layouts -> verl rows (`meshrl make-dataset gsm8k|math --from FILE`)
     prompts.py    PromptDataset: chat template, tokenisation, over-long filtering/truncation
                   (verl's RLHFDataset semantics)
 """

@@ -6,6 +6,8 @@ Columns (as verl's preprocessing scripts write them):
     ability       str                       free-form task family, e.g. "math"
     reward_model  {"style": str, "ground_truth": str}
     extra_info    dict                      anything else (split, index, task parameters)
+
+Reading (parquet and the other formats) is :func:`services.data.files.read_rows`.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 
 
 def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
@@ -36,26 +36,3 @@ def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
             cols[k].append(json.dumps(v, sort_keys=True) if k == "extra_info" else v)
     pq.write_table(pa.table(cols), path)
     return path
-
-
-def read_rows(paths: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Read one or more verl-style parquet files into a list of row dicts."""
-    import pyarrow.parquet as pq
-
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    rows: list[dict[str, Any]] = []
-    for p in paths:
-        table = pq.read_table(p)
-        missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
-        if missing:
-            raise ValueError(f"{p}: missing required column(s) {missing}; has {table.column_names}")
-        for r in table.to_pylist():
-            extra = r.get("extra_info")
-            if isinstance(extra, str):
-                try:
-                    r["extra_info"] = json.loads(extra)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{p}: extra_info is not valid JSON: {exc}") from None
-            rows.append(r)
-    return rows

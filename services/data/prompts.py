@@ -1,7 +1,10 @@
-"""PromptDataset: verl's ``RLHFDataset`` semantics over verl-style parquet rows.
+"""PromptDataset: verl's ``RLHFDataset`` semantics over verl-style rows (parquet, JSON
+lines, JSON or a ``datasets`` directory: :mod:`services.data.files`).
 
-Each row's ``prompt`` (chat messages) goes through the tokenizer's chat template with
-``add_generation_prompt=True``. Prompts longer than ``max_prompt_length`` tokens are
+Each row's ``prompt`` (chat messages; a plain string is taken as one user message) goes
+through a chat template with ``add_generation_prompt=True``: the tokenizer's own, or the
+one given as ``chat_template`` (Jinja text, or the path of a ``.jinja`` file; verl users
+know it as ``custom_chat_template``). Prompts longer than ``max_prompt_length`` tokens are
 dropped up front when ``filter_overlong_prompts`` is on; otherwise ``truncation`` says
 what happens at access time, as in verl:
 
@@ -25,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from services.data.parquet import read_rows
+from services.data.files import read_rows
 
 Truncation = Literal["error", "left", "right", "middle"]
 
@@ -51,8 +54,37 @@ def truncate_ids(ids: list[int], max_len: int, truncation: Truncation) -> list[i
     raise ValueError(f"unknown truncation {truncation!r}; expected error|left|right|middle")
 
 
+def resolve_chat_template(value: str | None) -> str | None:
+    """``None`` (the tokenizer's own), a Jinja template, or the path of a file holding one."""
+    if value is None or value == "":
+        return None
+    if "{" not in value:  # not template text: a path
+        p = Path(value).expanduser()
+        if not p.is_file():
+            raise ValueError(f"chat_template {value!r}: no such file (give a .jinja file or the template text)")
+        return p.read_text(encoding="utf-8")
+    return value
+
+
+def apply_template(tokenizer: Any, messages: Any, chat_template: str | None = None) -> list[int]:
+    """Token ids of ``messages`` (chat messages, or a string as one user message) with the
+    generation prompt appended."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
+        raise ValueError(f"prompt must be a list of chat messages with 'role'/'content', got {messages!r:.200}")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
+                         "set data.chat_template (Jinja text or a .jinja file)")
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                        chat_template=chat_template)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers >= 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
 class PromptDataset:
-    """Tokenised prompts from one or more verl-style parquet files (see module doc)."""
+    """Tokenised prompts from one or more verl-style row files (see module doc)."""
 
     def __init__(
         self,
@@ -64,6 +96,7 @@ class PromptDataset:
         filter_overlong_prompts: bool = True,
         prompt_key: str = "prompt",
         apply_chat_template: bool = True,
+        chat_template: str | None = None,
     ) -> None:
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
@@ -72,10 +105,8 @@ class PromptDataset:
         self.truncation = truncation
         self.prompt_key = prompt_key
         self.apply_chat_template = apply_chat_template
-        rows = read_rows(files)
-        for i, r in enumerate(rows):
-            if prompt_key not in r:
-                raise ValueError(f"row {i} has no {prompt_key!r} column (columns: {sorted(r)})")
+        self.chat_template = resolve_chat_template(chat_template)
+        rows = read_rows(files, required=("data_source", prompt_key, "reward_model"))
         self._ids = [self._encode(r[prompt_key]) for r in rows]
         keep = range(len(rows))
         if filter_overlong_prompts:
@@ -86,12 +117,7 @@ class PromptDataset:
 
     def _encode(self, prompt: Any) -> list[int]:
         if self.apply_chat_template:
-            if not isinstance(prompt, list) or not all(isinstance(m, dict) and "content" in m for m in prompt):
-                raise ValueError(f"prompt must be a list of chat messages with 'role'/'content', got {prompt!r:.200}")
-            ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers >= 5 may return a BatchEncoding
-                ids = ids["input_ids"]
-            return [int(t) for t in ids]
+            return apply_template(self.tokenizer, prompt, self.chat_template)
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a string when apply_chat_template=False, got {type(prompt).__name__}")
         return [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=False)]

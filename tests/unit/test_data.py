@@ -5,7 +5,8 @@ import json
 import pytest
 
 from services.data import synthetic
-from services.data.parquet import read_rows, write_rows
+from services.data.files import read_rows
+from services.data.parquet import write_rows
 from services.data.prompts import PromptTooLongError, truncate_ids
 
 
