@@ -104,3 +104,28 @@ def test_unknown_names_fail_as_in_verl() -> None:
         ca.get_adv_estimator_fn("GAE")  # names are case-sensitive
     with pytest.raises(ValueError, match="Unsupported loss mode: Vanilla. Supported modes are: "):
         ca.get_policy_loss_fn("Vanilla")
+
+
+def test_built_in_losses_keep_verls_signature_name_and_docs() -> None:
+    import inspect
+
+    standard = ["old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config",
+                "rollout_is_weights"]
+    defaults = {"gspo": "seq-mean-token-mean", "sapo": "seq-mean-token-mean"}
+    for name, fn in ca.POLICY_LOSS_REGISTRY.items():
+        params = inspect.signature(fn).parameters
+        assert list(params) == standard, name
+        assert params["loss_agg_mode"].default == defaults.get(name, "token-mean"), name
+        assert params["config"].default is None and params["rollout_is_weights"].default is None, name
+        assert fn.__name__ == f"compute_policy_loss_{name}" and fn.__doc__, name
+        assert fn.__module__.startswith("trainer_svc.algos.policy_loss_"), name
+        assert getattr(ca, fn.__name__) is fn, name
+
+
+def test_built_in_losses_refuse_mismatched_shapes() -> None:
+    old, logp, adv, mask = torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3)
+    for name, fn in ca.POLICY_LOSS_REGISTRY.items():
+        with pytest.raises(ValueError, match=r"share one \[batch, response_length\] shape"):
+            fn(old, logp, adv, torch.ones(2, 4), config={"clip_ratio": 0.2})
+        with pytest.raises(ValueError, match="rollout_is_weights"):
+            fn(old, logp, adv, mask, config={"clip_ratio": 0.2}, rollout_is_weights=torch.ones(3, 3))

@@ -12,7 +12,7 @@ prompt form a group. ``config`` is the algorithm config (dict or attribute objec
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +33,8 @@ __all__ = [
     "compute_rloo_vectorized_outcome_advantage",
     "group_indices",
     "group_key",
+    "group_mean_std",
+    "outcome_per_group",
 ]
 
 
@@ -66,12 +68,33 @@ def check_reward_shapes(token_level_rewards: torch.Tensor, response_mask: torch.
         )
 
 
-def _group_mean_std(scores: torch.Tensor, group: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and unbiased std of one group; a singleton group gives (0, 1) as in verl."""
-    if len(group) == 1:
+def group_mean_std(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and unbiased std of one group's scores; a singleton group gives (0, 1) as in verl."""
+    if scores.numel() == 1:
         return torch.tensor(0.0), torch.tensor(1.0)
-    members = scores[torch.tensor(group)]
-    return torch.mean(members), torch.std(members)
+    return torch.mean(scores), torch.std(scores)
+
+
+def outcome_per_group(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | np.ndarray | torch.Tensor,
+    per_group: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """Outcome advantages computed one prompt group at a time, ``[B, T]``.
+
+    Each response's score is its summed reward; ``per_group(scores, rows)`` gets one group's
+    scores ``[n]`` and their row numbers and returns the group's ``n`` advantages, which are
+    then broadcast over each response's valid tokens (zero on masked positions).
+    """
+    check_reward_shapes(token_level_rewards, response_mask)
+    scores = token_level_rewards.sum(dim=-1)
+    with torch.no_grad():
+        out = scores.clone()
+        for group in group_indices(index, scores.shape[0]):
+            rows = torch.tensor(group)
+            out[rows] = per_group(scores[rows], rows)
+        return out.unsqueeze(-1) * response_mask
 
 
 def _factorize(index: Sequence[Any] | np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -100,18 +123,12 @@ def compute_grpo_outcome_advantage(
     its own score. With ``norm_adv_by_std_in_grpo=False`` (Dr.GRPO) the advantage is
     ``s_i - mean_g``. Returns ``(advantages, advantages)``.
     """
-    check_reward_shapes(token_level_rewards, response_mask)
-    scores = token_level_rewards.sum(dim=-1)
-    with torch.no_grad():
-        out = scores.clone()
-        for group in group_indices(index, scores.shape[0]):
-            mean, std = _group_mean_std(scores, group)
-            idx = torch.tensor(group)
-            if norm_adv_by_std_in_grpo:
-                out[idx] = (scores[idx] - mean) / (std + epsilon)
-            else:
-                out[idx] = scores[idx] - mean
-        advantages = out.unsqueeze(-1) * response_mask
+
+    def normalise(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        mean, std = group_mean_std(scores)
+        return (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
+
+    advantages = outcome_per_group(token_level_rewards, response_mask, index, normalise)
     return advantages, advantages
 
 
@@ -173,22 +190,22 @@ def compute_grpo_passk_outcome_advantage(
     Raises:
         ValueError: a group has fewer than two responses.
     """
-    check_reward_shapes(token_level_rewards, response_mask)
+
     if config is not None:
         norm_adv_by_std_in_grpo = bool(cfg_get(config, "norm_adv_by_std_in_grpo", True))
-    scores = token_level_rewards.sum(dim=-1)
-    advantages = torch.zeros_like(scores)
-    with torch.no_grad():
-        for group in group_indices(index, scores.shape[0]):
-            rewards = scores[torch.tensor(group)]
-            if rewards.numel() < 2:
-                raise ValueError(f"Pass@k requires at least 2 samples per group; group at {group} has 1")
-            top, top_idx = torch.topk(rewards, 2)
-            advantage = top[0] - top[1]
-            if norm_adv_by_std_in_grpo:
-                advantage = advantage / (torch.std(rewards) + epsilon)
-            advantages[group[int(top_idx[0].item())]] = advantage
-    advantages = advantages.unsqueeze(-1) * response_mask
+
+    def best_only(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if scores.numel() < 2:
+            raise ValueError(f"Pass@k requires at least 2 samples per group; group at {rows.tolist()} has 1")
+        top, top_idx = torch.topk(scores, 2)
+        advantage = top[0] - top[1]
+        if norm_adv_by_std_in_grpo:
+            advantage = advantage / (torch.std(scores) + epsilon)
+        out = torch.zeros_like(scores)
+        out[top_idx[0]] = advantage
+        return out
+
+    advantages = outcome_per_group(token_level_rewards, response_mask, index, best_only)
     return advantages, advantages
 
 
@@ -206,18 +223,15 @@ def compute_rloo_outcome_advantage(
     A singleton group keeps its raw score as advantage (verl's loop form); the vectorized
     variant gives 0 there instead.
     """
-    check_reward_shapes(token_level_rewards, response_mask)
-    scores = token_level_rewards.sum(dim=-1)
-    with torch.no_grad():
-        out = scores.clone()
-        for group in group_indices(index, scores.shape[0]):
-            n = len(group)
-            if n == 1:
-                continue
-            mean, _ = _group_mean_std(scores, group)
-            idx = torch.tensor(group)
-            out[idx] = scores[idx] * n / (n - 1) - mean * n / (n - 1)
-        advantages = out.unsqueeze(-1) * response_mask
+
+    def leave_one_out(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        n = scores.numel()
+        if n == 1:
+            return scores
+        mean = torch.mean(scores)
+        return scores * n / (n - 1) - mean * n / (n - 1)
+
+    advantages = outcome_per_group(token_level_rewards, response_mask, index, leave_one_out)
     return advantages, advantages
 
 
@@ -253,19 +267,15 @@ def compute_opo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO: baseline is the length-weighted group mean ``sum(len_j s_j) / sum(len_j)``
     (singleton: 0)."""
-    check_reward_shapes(token_level_rewards, response_mask)
+
     lengths = response_mask.sum(dim=-1)
-    scores = token_level_rewards.sum(dim=-1)
-    with torch.no_grad():
-        out = scores.clone()
-        for group in group_indices(index, scores.shape[0]):
-            idx = torch.tensor(group)
-            if len(group) == 1:
-                baseline = torch.tensor(0.0)
-            else:
-                baseline = (lengths[idx] * scores[idx]).sum() / lengths[idx].sum()
-            out[idx] = scores[idx] - baseline
-        advantages = out.unsqueeze(-1) * response_mask
+
+    def minus_length_weighted_mean(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if scores.numel() == 1:
+            return scores - torch.tensor(0.0)
+        return scores - (lengths[rows] * scores).sum() / lengths[rows].sum()
+
+    advantages = outcome_per_group(token_level_rewards, response_mask, index, minus_length_weighted_mean)
     return advantages, advantages
 
 
@@ -282,17 +292,15 @@ def compute_gpg_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG: ``alpha * (s_i - mean_g) / f_norm`` with ``alpha = B / max(#non-zero scores, 1)``
     (the ``alpha`` argument is overridden by that ratio, as in verl)."""
-    check_reward_shapes(token_level_rewards, response_mask)
+
     scores = token_level_rewards.sum(dim=-1)
-    with torch.no_grad():
-        bsz = scores.shape[0]
-        alpha_t = bsz / torch.count_nonzero(scores).clamp(min=1)
-        out = scores.clone()
-        for group in group_indices(index, bsz):
-            mean, _ = _group_mean_std(scores, group)
-            idx = torch.tensor(group)
-            out[idx] = alpha_t * (scores[idx] - mean) / f_norm
-        advantages = out.unsqueeze(-1) * response_mask
+    alpha_t = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+
+    def scaled_centred(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        mean, _ = group_mean_std(scores)
+        return alpha_t * (scores - mean) / f_norm
+
+    advantages = outcome_per_group(token_level_rewards, response_mask, index, scaled_centred)
     return advantages, advantages
 
 
@@ -307,16 +315,13 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline: ``s_i - mean_g`` (singleton: baseline 0),
     broadcast over tokens, then whitened over all valid tokens of the batch."""
-    check_reward_shapes(token_level_rewards, response_mask)
-    length = token_level_rewards.shape[-1]
-    scores = token_level_rewards.sum(dim=-1)
+
+    def centred(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        mean, _ = group_mean_std(scores)
+        return scores - mean
+
+    tiled = outcome_per_group(token_level_rewards, response_mask, index, centred)
     with torch.no_grad():
-        centred = scores.clone()
-        for group in group_indices(index, scores.shape[0]):
-            mean, _ = _group_mean_std(scores, group)
-            idx = torch.tensor(group)
-            centred[idx] = scores[idx] - mean
-        tiled = centred.unsqueeze(-1).tile([1, length]) * response_mask
         advantages = masked_whiten(tiled, response_mask) * response_mask
     return advantages, advantages
 

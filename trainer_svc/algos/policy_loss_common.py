@@ -19,12 +19,12 @@ to Python floats. ``config`` is the actor config: a dict or any object with the 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from trainer_svc.algos.functional import agg_loss
-from trainer_svc.algos.registry import cfg_get
+from trainer_svc.algos.registry import cfg_get, register_policy_loss
 
 __all__ = [
     "Metrics",
@@ -33,6 +33,7 @@ __all__ = [
     "clamped_log_ratio",
     "clip_ranges",
     "global_batch_kwargs",
+    "policy_loss",
     "policy_loss_setting",
     "ratio_metrics",
 ]
@@ -96,3 +97,34 @@ def ratio_metrics(clipfrac: torch.Tensor | float, ppo_kl: torch.Tensor, clipfrac
         "actor/ppo_kl": float(ppo_kl.detach()),
         "actor/pg_clipfrac_lower": float(clipfrac_lower),
     }
+
+
+def policy_loss(name: str, *, loss_agg_mode: str = "token-mean") -> Callable[[Callable], Callable]:
+    """Decorator for meshrl's built-in policy losses: write the loss body once, with the seven
+    arguments positional and plain; get a function with verl's ``PolicyLossFn`` signature
+    (keywords, types and defaults; ``loss_agg_mode`` defaults to the given mode), registered
+    as ``name``, that first checks the tensors share one ``[B, T]`` shape.
+
+    The returned function keeps the body's name and docstring, and ``inspect.signature``
+    shows the standard signature (what verl code calls it with).
+    """
+
+    def decorate(body: Callable[..., tuple[torch.Tensor, Metrics]]) -> Callable[..., tuple[torch.Tensor, Metrics]]:
+        def loss(
+            old_log_prob: torch.Tensor,
+            log_prob: torch.Tensor,
+            advantages: torch.Tensor,
+            response_mask: torch.Tensor,
+            loss_agg_mode: str = loss_agg_mode,
+            config: Optional[Any] = None,
+            rollout_is_weights: Optional[torch.Tensor] = None,
+        ) -> tuple[torch.Tensor, Metrics]:
+            check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                             response_mask=response_mask, rollout_is_weights=rollout_is_weights)
+            return body(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(loss, attr, getattr(body, attr))
+        return register_policy_loss(name)(loss)
+
+    return decorate

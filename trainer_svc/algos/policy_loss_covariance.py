@@ -9,13 +9,10 @@ verl's ``PolicyLossConfig``: ``clip_cov_ratio`` 2e-4, ``clip_cov_lb`` 1.0, ``cli
 
 from __future__ import annotations
 
-from typing import Any, Optional
-
 import torch
 
 from trainer_svc.algos.functional import masked_mean
-from trainer_svc.algos.policy_loss_common import Metrics, aggregate, check_same_shape, clip_ranges, policy_loss_setting
-from trainer_svc.algos.registry import register_policy_loss
+from trainer_svc.algos.policy_loss_common import aggregate, clip_ranges, policy_loss, policy_loss_setting
 
 __all__ = [
     "compute_policy_loss_clip_cov",
@@ -23,20 +20,12 @@ __all__ = [
 ]
 
 
-@register_policy_loss("clip_cov")
-def compute_policy_loss_clip_cov(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("clip_cov")
+def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                 rollout_is_weights):
     """Clip-Cov: PPO clipping, plus the gradient of a random ``clip_cov_ratio`` share of
     tokens whose advantage/log-prob covariance lies in ``(clip_cov_lb, clip_cov_ub)`` is
     cut. Uses the global torch RNG (``torch.randperm``), as verl does."""
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     ratio_share = policy_loss_setting(config, "clip_cov_ratio", 0.0002)
     lower = policy_loss_setting(config, "clip_cov_lb", 1.0)
     upper = policy_loss_setting(config, "clip_cov_ub", 5.0)
@@ -65,19 +54,11 @@ def compute_policy_loss_clip_cov(
     return pg_loss, {"actor/pg_clipfrac": float(clipfrac), "actor/ppo_kl": float(ppo_kl.detach())}
 
 
-@register_policy_loss("kl_cov")
-def compute_policy_loss_kl_cov(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("kl_cov")
+def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                               rollout_is_weights):
     """KL-Cov: unclipped ``-A * ratio``, plus ``ppo_kl_coef * |log ratio|`` on the top
     ``kl_cov_ratio`` share of valid tokens by advantage/log-prob covariance."""
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     share = policy_loss_setting(config, "kl_cov_ratio", 0.0002)
     coef = policy_loss_setting(config, "ppo_kl_coef", 0.1)
     if not share > 0:

@@ -10,20 +10,20 @@ Signature and settings: :mod:`trainer_svc.algos.policy_loss_common`.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from trainer_svc.algos.functional import agg_loss, masked_mean
 from trainer_svc.algos.policy_loss_common import (
-    Metrics,
     aggregate,
     check_same_shape,
     clamped_log_ratio,
     clip_ranges,
+    policy_loss,
     ratio_metrics,
 )
-from trainer_svc.algos.registry import cfg_get, register_policy_loss
+from trainer_svc.algos.registry import cfg_get
 
 __all__ = [
     "compute_policy_loss",
@@ -97,16 +97,9 @@ def compute_policy_loss(
     return pg_loss, clipfrac, ppo_kl, clipfrac_lower
 
 
-@register_policy_loss("vanilla")
-def compute_policy_loss_vanilla(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+@policy_loss("vanilla")
+def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                rollout_is_weights):
     """PPO clipped surrogate with asymmetric clip ratios and dual clip (verl's "vanilla").
 
     ``old_log_prob`` is the anchor (proximal) policy: the recomputed log-probs for standard
@@ -116,13 +109,6 @@ def compute_policy_loss_vanilla(
     Returns:
         ``(pg_loss, {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"})``.
     """
-    check_same_shape(
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=advantages,
-        response_mask=response_mask,
-        rollout_is_weights=rollout_is_weights,
-    )
     clip_low, clip_high, clip_c = clip_ranges(config)
     pg_losses, clipfrac, ppo_kl, clipfrac_lower = _clipped_objective(
         old_log_prob, log_prob, advantages, response_mask, clip_low, clip_high, clip_c
@@ -136,21 +122,13 @@ def compute_policy_loss_vanilla(
     return pg_loss, metrics
 
 
-@register_policy_loss("gspo")
-def compute_policy_loss_gspo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+@policy_loss("gspo", loss_agg_mode="seq-mean-token-mean")
+def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                             rollout_is_weights):
     """GSPO: sequence-level ratio ``exp(mean_t(log_prob - old_log_prob))`` (stop-gradient),
     times ``pi / sg(pi)`` per token so gradients flow token-wise; clipped with the
     asymmetric ranges; aggregated with ``loss_agg_mode`` (its default,
     ``seq-mean-token-mean``, is the one the GSPO paper uses)."""
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     clip_low, clip_high, _ = clip_ranges(config)
     negative_approx_kl = log_prob - old_log_prob
     seq_len = response_mask.sum(dim=-1).clamp(min=1)
@@ -169,21 +147,13 @@ def compute_policy_loss_gspo(
     return pg_loss, metrics
 
 
-@register_policy_loss("geo_mean")
-def compute_policy_loss_geo_mean(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("geo_mean")
+def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                 rollout_is_weights):
     """GMPO: per-sequence geometric mean of token ratios, each log-ratio clipped to
     ``[-low, high]`` in the direction of the advantage; loss ``-mean_i(A_i * ratio_i)``
     (``loss_agg_mode`` unused; sequence-level advantages assumed). Importance weights are
     reduced to one per sequence by their geometric mean."""
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     low, high, _ = clip_ranges(config)
     log_ratio = log_prob - old_log_prob
     ppo_kl = masked_mean(-log_ratio, response_mask)
@@ -204,20 +174,12 @@ def compute_policy_loss_geo_mean(
     return pg_loss, ratio_metrics(clipfrac, ppo_kl, clipfrac_lower)
 
 
-@register_policy_loss("sapo")
-def compute_policy_loss_sapo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("sapo", loss_agg_mode="seq-mean-token-mean")
+def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                             rollout_is_weights):
     """SAPO: a smooth gate ``sigmoid(tau (r - 1)) * 4 / tau`` replaces the hard clip, with
     ``tau_pos`` for positive and ``tau_neg`` for non-positive advantages. As in verl the
     loss is always aggregated ``seq-mean-token-mean``."""
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     tau_pos = torch.as_tensor(cfg_get(config, "tau_pos", 1.0), dtype=advantages.dtype, device=advantages.device)
     tau_neg = torch.as_tensor(cfg_get(config, "tau_neg", 1.05), dtype=advantages.dtype, device=advantages.device)
     log_ratio = clamped_log_ratio(log_prob, old_log_prob)

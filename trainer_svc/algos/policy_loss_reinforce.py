@@ -24,11 +24,12 @@ from trainer_svc.algos.policy_loss_common import (
     check_same_shape,
     clamped_log_ratio,
     clip_ranges,
+    policy_loss,
     policy_loss_setting,
     ratio_metrics,
 )
 from trainer_svc.algos.policy_loss_ppo import compute_policy_loss_vanilla
-from trainer_svc.algos.registry import cfg_get, register_policy_loss
+from trainer_svc.algos.registry import cfg_get
 
 __all__ = [
     "compute_policy_loss_bypass_mode",
@@ -41,35 +42,19 @@ __all__ = [
 ]
 
 
-@register_policy_loss("gpg")
-def compute_policy_loss_gpg(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
+@policy_loss("gpg")
+def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                            rollout_is_weights):
     """GPG / plain policy gradient: per-token loss ``-log_prob * A`` (no ratio, no clip)."""
-    check_same_shape(log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     pg_loss = aggregate(-log_prob * advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
     return pg_loss, {}
 
 
-@register_policy_loss("cispo")
-def compute_policy_loss_cispo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("cispo")
+def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                              rollout_is_weights):
     """CISPO: REINFORCE weighted by the clipped, stop-gradient ratio — every token keeps
     its gradient, only the importance weight is clipped."""
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     low, high, _ = clip_ranges(config)
     log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
@@ -97,7 +82,6 @@ def _dppo(
     ``kl``: mask if the binary KL between ``p_old`` and ``p`` exceeds ``high`` while ``p``
     rose (A > 0), or exceeds ``low`` while ``p`` fell (A <= 0).
     """
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     low, high, _ = clip_ranges(config)
     clip_c = float(cfg_get(config, "clip_ratio_c", 3.0))
     log_ratio = clamped_log_ratio(log_prob, old_log_prob)
@@ -122,50 +106,28 @@ def _dppo(
     return pg_loss, ratio_metrics(clipfrac, ppo_kl, clipfrac_lower)
 
 
-@register_policy_loss("dppo_tv")
-def compute_policy_loss_dppo_tv(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                rollout_is_weights):
     """DPPO with a total-variation trust region (``clip_ratio_low/high`` bound ``p - p_old``)."""
     return _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, "tv")
 
 
-@register_policy_loss("dppo_kl")
-def compute_policy_loss_dppo_kl(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                rollout_is_weights):
     """DPPO with a binary-KL trust region (``clip_ratio_low/high`` bound the divergence)."""
     return _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, "kl")
 
 
-@register_policy_loss("dro")
-def compute_policy_loss_dro(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("dro")
+def compute_policy_loss_dro(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                            rollout_is_weights):
     """DRO: ``-(log_prob * A - beta/2 * (log_prob - old)^2)`` with ``policy_loss.dro_beta``.
 
     Raises:
         ValueError: ``dro_beta`` missing or not positive.
     """
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     beta = policy_loss_setting(config, "dro_beta", None)
     if beta is None or beta <= 0:
         raise ValueError("policy_loss.dro_beta must be a positive value when using DRO")
@@ -196,16 +158,9 @@ def compute_policy_loss_reinforce(
     return pg_loss, {"actor/ppo_kl": float(masked_mean(rollout_log_prob - log_prob, response_mask).detach())}
 
 
-@register_policy_loss("bypass_mode")
-def compute_policy_loss_bypass_mode(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Metrics]:
+@policy_loss("bypass_mode")
+def compute_policy_loss_bypass_mode(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                    rollout_is_weights):
     """verl's bypass mode: the trainer skips the old-log-prob recompute and passes the
     rollout log-probs as ``old_log_prob``; settings come from
     ``config.policy_loss.rollout_correction``:
@@ -219,7 +174,6 @@ def compute_policy_loss_bypass_mode(
     The passed ``rollout_is_weights`` are ignored (computed here). Rejection sampling
     (``rollout_rs``) is not implemented in meshrl and raises ``NotImplementedError``.
     """
-    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     corr = policy_loss_setting(config, "rollout_correction", None)
     if corr is None:
         raise ValueError("bypass_mode needs config.policy_loss.rollout_correction")
