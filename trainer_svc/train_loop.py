@@ -45,6 +45,12 @@ _GAUGES = {
     "actor/grad_norm": ("meshrl_trainer_grad_norm", "global gradient L2 norm before clipping"),
     "actor/lr": ("meshrl_trainer_learning_rate", "current actor learning rate"),
     "critic/score/mean": ("meshrl_trainer_reward_mean", "mean sequence score of the last batch"),
+    "training/rollout_probs_diff_mean": (
+        "meshrl_trainer_rollout_probs_diff_mean", "mean |p_rollout - p_trainer| of the sampled tokens, last batch"
+    ),
+    "training/rollout_probs_diff_max": (
+        "meshrl_trainer_rollout_probs_diff_max", "max |p_rollout - p_trainer| of the sampled tokens, last batch"
+    ),
 }
 
 

@@ -6,7 +6,9 @@ the rollout replicas as child processes, feeds prompts with admission control, a
 watches: the first service to crash stops the job (saying which and why), Ctrl-C stops
 it cleanly, and the trainer finishing ``trainer.total_steps`` ends it. Progress goes to
 a bar on stderr, to ``<run_dir>/status.json`` (read by the gateway's local launcher) and
-to the controller's own ``/metrics``; at the end ``<run_dir>/summary.json`` and PNG plots.
+to the controller's own ``/metrics`` (feeder, queue depths, the embedded broker's ledger:
+:mod:`services.launch.control_metrics`; its URL is ``metrics_url`` in ``status.json``); at
+the end ``<run_dir>/summary.json`` and PNG plots.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class JobController:
         self._t0 = time.monotonic()
         self.state = "pending"
         self.detail = ""
+        self.metrics_url: str | None = None
+        self._broker = None
 
     # ------------------------------------------------------------------ config files
 
@@ -123,10 +127,16 @@ class JobController:
         spec = self.spec
         broker = None
         self.broker_port = free_port(spec.services.host)
+        from services.launch.control_metrics import ControlMetrics
+        from services.metrics.server import MetricsServer
+
+        self.control = ControlMetrics()
+        http = MetricsServer(self.control.registry, host=spec.services.host, port=free_port(spec.services.host)).start()
+        self.metrics_url = f"http://{spec.services.host}:{http.port}/metrics"
         if spec.queues.type == "embedded":
             from services.queues.broker_server import EmbeddedBroker
 
-            broker = await EmbeddedBroker(host=spec.services.host, port=self.broker_port,
+            broker = self._broker = await EmbeddedBroker(host=spec.services.host, port=self.broker_port,
                                           aof_path=self.run_dir / "broker.aof").start()
         try:
             configs = self._resolved_configs()
@@ -152,7 +162,9 @@ class JobController:
         finally:
             self._stop_all()
             if broker is not None:
+                self.control.set_ledger(broker.state.ledger.values())
                 await broker.stop()
+            http.stop()
 
     async def _loop(self, trainer: ServiceProcess) -> int:
         from services.queues import make_queue
@@ -161,8 +173,9 @@ class JobController:
         queues_cfg = spec.queues
         if queues_cfg.type == "embedded":
             queues_cfg = queues_cfg.model_copy(update={"address": f"{spec.services.host}:{self.broker_port}"})
-        prompts = make_queue(queues_cfg, stream="prompts", group="controller", consumer="feeder")
-        watched = {name: make_queue(queues_cfg, stream=name, group=group, consumer="controller")
+        qm = self.control.queues
+        prompts = make_queue(queues_cfg, stream="prompts", group="controller", consumer="feeder", metrics=qm)
+        watched = {name: make_queue(queues_cfg, stream=name, group=group, consumer="controller", metrics=qm)
                    for name, group in (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))}
         feeder = self._make_feeder(prompts)
         trainer_url = yaml.safe_load((self.run_dir / "configs" / "trainer.yaml").read_text())["trainer"]
@@ -196,7 +209,10 @@ class JobController:
                 t = await asyncio.to_thread(scrape, trainer_url + "/metrics")
                 finished = (t.get("meshrl_trainer_samples_total", 0.0) + t.get("meshrl_trainer_dropped_stale_samples_total", 0.0)
                             + t.get("meshrl_trainer_dropped_error_samples_total", 0.0)) / n
-                await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s)
+                put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s)
+                self.control.fed(put, feeder.state.fed, int(finished), feeder.max_in_flight)
+                if self._broker is not None:
+                    self.control.set_ledger(self._broker.state.ledger.values())
                 self._write_status(feeder=feeder, queues=await self._depths(watched))
                 await asyncio.sleep(self.poll_s)
         finally:
@@ -247,7 +263,8 @@ class JobController:
             "total_steps": self.spec.trainer.total_steps, "reward_mean": last.get("reward_mean"),
             "staleness": last.get("staleness"), "tokens_per_s": last.get("tokens_per_s"),
             "prompts_fed": feeder.state.fed if feeder else None, "elapsed_s": round(time.monotonic() - self._t0, 1),
-            "pid": os.getpid(), "queues": queues or {},
+            "pid": os.getpid(), "queues": queues or {}, "metrics_url": self.metrics_url,
+            **{k: last.get(k) for k in ("loss", "kl", "entropy", "grad_norm", "logprob_diff", "val_score")},
         }
         tmp = self.run_dir / "status.json.tmp"
         tmp.write_text(json.dumps(status))

@@ -30,14 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def feed(spec, trainer_metrics: str, poll: float, stop, gauges) -> None:
-    """Top the prompts stream up until ``stop`` is set."""
+    """Top the prompts stream up until ``stop`` is set; export the feeder's counters and the
+    streams' depths (``gauges["control"]``, a ControlMetrics)."""
     import asyncio
 
     from services.launch.feeder import build_feeder
     from services.launch.report import scrape
     from services.queues import make_queue
 
-    queue = make_queue(spec.queues, stream="prompts", group="controller", consumer="feeder")
+    control = gauges["control"]
+    queue = make_queue(spec.queues, stream="prompts", group="controller", consumer="feeder", metrics=control.queues)
+    watched = [make_queue(spec.queues, stream=name, group=group, consumer="feeder", metrics=control.queues)
+               for name, group in (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))]
     feeder = build_feeder(spec, queue)
     n = spec.rollout.n
     try:
@@ -46,12 +50,18 @@ async def feed(spec, trainer_metrics: str, poll: float, stop, gauges) -> None:
             finished = (t.get("meshrl_trainer_samples_total", 0.0) + t.get("meshrl_trainer_dropped_stale_samples_total", 0.0)
                         + t.get("meshrl_trainer_dropped_error_samples_total", 0.0)) / n  # fmt: skip
             put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s)
-            gauges["fed"].inc(put)
-            gauges["in_flight"].set(feeder.state.fed - int(finished))
+            control.fed(put, feeder.state.fed, int(finished), feeder.max_in_flight)
+            for q in watched:  # depth() sets meshrl_queue_depth_items{stream}
+                try:
+                    await asyncio.wait_for(q.depth(), timeout=5.0)
+                except Exception:  # noqa: BLE001 - a depth we cannot read is left as it was, never fatal
+                    pass
             gauges["ready"] = True
             await asyncio.sleep(poll)
     finally:
         await queue.close()
+        for q in watched:
+            await q.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     import asyncio
     import signal
     import threading
-
-    from prometheus_client import CollectorRegistry, Counter, Gauge
 
     from services.config.job import JobSpecError, load_job
     from services.metrics.server import MetricsServer
@@ -70,13 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     except JobSpecError as exc:
         print(f"feed: {exc}", file=sys.stderr)
         return 2
-    registry = CollectorRegistry()
-    gauges: dict = {
-        "fed": Counter("meshrl_feeder_prompts", "Prompts put on the prompts stream", registry=registry),
-        "in_flight": Gauge("meshrl_feeder_in_flight_prompts", "Prompts fed and not yet finished", registry=registry),
-        "ready": False,
-    }
-    server = MetricsServer(registry, host=args.metrics_host, port=args.metrics_port, ready=lambda: gauges["ready"]).start()
+    from services.launch.control_metrics import ControlMetrics
+
+    control = ControlMetrics()
+    gauges: dict = {"control": control, "ready": False}
+    server = MetricsServer(control.registry, host=args.metrics_host, port=args.metrics_port, ready=lambda: gauges["ready"]).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

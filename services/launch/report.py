@@ -70,6 +70,12 @@ class History:
                     "t": round(t, 2),
                     "reward_mean": float(m.get("critic/score/mean", float("nan"))),
                     "loss": float(m.get("actor/loss", float("nan"))),
+                    # KL: the KL loss term when the job uses one, else the PPO KL(old || new) estimate
+                    "kl": float(m.get("actor/kl_loss", m.get("actor/ppo_kl", float("nan")))),
+                    "entropy": float(m.get("actor/entropy", float("nan"))),
+                    "grad_norm": float(m.get("actor/grad_norm", float("nan"))),
+                    "logprob_diff": float(m.get("training/rollout_probs_diff_mean", float("nan"))),
+                    "val_score": _val_score(m),
                     "staleness": sum(lags) / len(lags) if lags else 0.0,
                     "tokens_per_s": rate,
                     "applied": bool(rec.get("applied", True)),
@@ -77,6 +83,14 @@ class History:
             )
         self._last_tokens, self._last_t = rollout_tokens, t
         return True
+
+
+def _val_score(metrics: dict[str, Any]) -> float:
+    """The mean validation score of a step's metrics (verl names it ``val-core/<source>/.../mean@N``);
+    NaN when the step carries none."""
+    vals = [float(v) for k, v in metrics.items() if k.startswith(("val-core/", "val/")) and "mean" in k
+            and isinstance(v, (int, float))]  # fmt: skip
+    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def write_report(history: History, run_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,211 @@
+"""Every Grafana panel, template variable and alert rule reads series that a real job exports.
+
+A short real job (tiny model; controller with the embedded broker and feeder, vLLM rollout
+replica, reward worker, FSDP trainer) runs through a real gateway; while it runs the test
+scrapes every ``/metrics`` it has: the gateway's (with the token), the controller's
+(``metrics_url`` in ``status.json``) and each service's (ports from the run dir's
+``configs/*.yaml``). Then it takes every PromQL expression of
+``deploy/grafana/dashboards/meshrl.json`` and ``deploy/prometheus/alerts.yml``, parses the
+metric names (and the labels they aggregate by) out of it, and asserts each one is a series
+that was scraped. ``up`` is the one name Prometheus itself makes (one per target).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from services.launch.local import LocalLauncher
+from tests.integration.gateway_support import TOKEN, auth, running_gateway, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS_MADE = {"up"}  # series Prometheus itself adds for every target
+_FUNCS_AND_WORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
+}  # fmt: skip
+
+
+def promql_refs(expr: str) -> tuple[set[str], set[str]]:
+    """(metric names, labels grouped by) of a PromQL expression. Strings, label matchers and
+    range selectors are cut out first; an identifier followed by ``(`` is a function or an
+    aggregation; identifiers in ``by (...)`` / ``without (...)`` / ``on (...)`` lists are labels."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    labels: set[str] = set()
+    for m in re.finditer(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", text):
+        labels |= {x.strip() for x in m.group(2).split(",") if x.strip()}
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)(\s*\()?", text):
+        word, call = m.group(1), m.group(2)
+        if call or word in _FUNCS_AND_WORDS or re.fullmatch(r"\d+[smhdwy]?", word):
+            continue
+        names.add(word)
+    return names, labels
+
+
+def test_promql_refs_parses_what_the_dashboards_write():
+    names, labels = promql_refs(
+        'histogram_quantile(0.9, sum by (le) (rate(meshrl_trainer_staleness_versions_bucket{job=~"$job"}[5m])))'
+    )
+    assert names == {"meshrl_trainer_staleness_versions_bucket"} and labels == {"le"}
+    names, labels = promql_refs('increase(meshrl_trainer_steps_total[15m]) == 0 and on(instance) up{job="x"} == 1')
+    assert names == {"meshrl_trainer_steps_total", "up"} and labels == {"instance"}
+    assert promql_refs("scalar(max(a_b)) - c_d > 2")[0] == {"a_b", "c_d"}
+
+
+def _expressions() -> list[tuple[str, str]]:
+    """(where, expr) of every panel target, template variable query and alert rule."""
+    out = []
+    dash = json.loads((ROOT / "deploy/grafana/dashboards/meshrl.json").read_text())
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            out.append((f"panel {p['title']!r}", t["expr"]))
+    for v in dash.get("templating", {}).get("list", []):
+        q = v["query"]["query"] if isinstance(v.get("query"), dict) else v.get("query", "")
+        inner = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", q.strip())
+        out.append((f"variable {v['name']}", inner.group(1) if inner else q))
+    for g in yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"]:
+        for r in g["rules"]:
+            out.append((f"alert {r['alert']}", r["expr"]))
+    return out
+
+
+def test_every_expression_names_metrics():
+    exprs = _expressions()
+    assert len(exprs) >= 25
+    for where, expr in exprs:
+        assert promql_refs(expr)[0], f"{where}: no metric found in {expr!r}"
+
+
+class Scraper:
+    """Scrapes a changing set of /metrics URLs every ``period`` s in a thread; keeps every
+    series (name -> label sets) seen and the largest value per (name, labels)."""
+
+    def __init__(self, period: float = 0.5) -> None:
+        self.urls: dict[str, dict[str, str]] = {}  # url -> headers
+        self.series: dict[str, set[frozenset]] = {}
+        self.peak: dict[tuple[str, frozenset], float] = {}
+        self.scraped_ok: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(period,), daemon=True)
+
+    def _run(self, period: float) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        while not self._stop.wait(period):
+            for url, headers in list(self.urls.items()):
+                try:
+                    r = httpx.get(url, headers=headers, timeout=2.0)
+                except httpx.HTTPError:
+                    continue
+                if r.status_code != 200:
+                    continue
+                self.scraped_ok[url] = self.scraped_ok.get(url, 0) + 1
+                for fam in text_string_to_metric_families(r.text):
+                    for s in fam.samples:
+                        labels = frozenset(s.labels.items())
+                        self.series.setdefault(s.name, set()).add(labels)
+                        key = (s.name, labels)
+                        self.peak[key] = max(self.peak.get(key, float("-inf")), float(s.value))
+
+    def start(self) -> "Scraper":
+        self._t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(timeout=10)
+
+    def peak_of(self, name: str, **labels: str) -> float:
+        vals = [v for (n, ls), v in self.peak.items() if n == name and set(labels.items()) <= set(ls)]
+        return max(vals) if vals else float("nan")
+
+
+def _service_urls(run_dir: Path) -> dict[str, str]:
+    urls = {}
+    status = run_dir / "status.json"
+    if status.exists():
+        try:
+            if url := json.loads(status.read_text()).get("metrics_url"):
+                urls["controller"] = url
+        except ValueError:
+            pass
+    for cfg in (run_dir / "configs").glob("*.yaml") if (run_dir / "configs").exists() else ():
+        raw = yaml.safe_load(cfg.read_text())
+        block = raw.get("trainer" if cfg.stem == "trainer" else cfg.stem.split("-")[0], {})
+        host = block.get("metrics_host") or block.get("host") or "127.0.0.1"
+        if block.get("metrics_port"):
+            urls[cfg.stem] = f"http://{host}:{block['metrics_port']}/metrics"
+    return urls
+
+
+def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_model):
+    from services.data import synthetic
+    from services.data.parquet import write_rows
+
+    train = write_rows(synthetic.arith_rows(64, seed=0, split="train"), tmp_path / "data" / "train.parquet")
+    spec = {
+        "name": "metrics-real",
+        "model": {"path": tiny_model},
+        "data": {"train_files": [str(train)], "max_prompt_length": 32, "max_response_length": 4,
+                 "train_batch_size": 4},  # fmt: skip
+        "rollout": {"n": 2, "kv_cache_space_gib": 1, "max_num_seqs": 16},
+        "actor": {"ppo_mini_batch_size": 4},
+        "trainer": {"total_steps": 4, "save_freq": -1},
+        "queues": {"type": "embedded"},
+    }
+    scraper = Scraper().start()
+    try:
+        with running_gateway(tmp_path, LocalLauncher(), grpc=False) as gw, \
+                httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
+            scraper.urls[gw.http_url + "/metrics"] = {"Authorization": f"Bearer {TOKEN}"}
+            r = c.post("/v1/jobs", json={"spec": spec}, headers=auth())
+            assert r.status_code == 201, r.text
+            jid = r.json()["id"]
+            run_dir = tmp_path / "runs" / jid
+
+            def finished():
+                for name, url in _service_urls(run_dir).items():
+                    scraper.urls.setdefault(url, {})
+                j = c.get(f"/v1/jobs/{jid}", headers=auth()).json()
+                return j if j["state"] in ("succeeded", "failed", "cancelled") else None
+
+            job = wait_until(finished, timeout=800, what="the real job to finish")
+            assert job["state"] == "succeeded", job["detail"][-3000:]
+            time.sleep(1.0)  # one more gateway scrape with the final state
+    finally:
+        scraper.stop()
+    # Every endpoint answered: gateway, controller, trainer, reward-0, rollout-0.
+    assert len(scraper.scraped_ok) >= 5, scraper.scraped_ok
+    missing = []
+    for where, expr in _expressions():
+        names, by = promql_refs(expr)
+        for name in names - PROMETHEUS_MADE:
+            if name not in scraper.series:
+                missing.append(f"{where}: {name} (in {expr!r})")
+                continue
+        have_labels = {k for n in names if n in scraper.series for ls in scraper.series[n] for k, _ in ls}
+        for label in by - {"instance", "job"}:  # Prometheus adds job and instance
+            if names - PROMETHEUS_MADE and label not in have_labels:
+                missing.append(f"{where}: no scraped series of {sorted(names)} has the label {label!r}")
+    assert not missing, "series used by the dashboard/alerts but not exported:\n" + "\n".join(missing)
+    # ... and the new series carry the job's real numbers, not just zeros.
+    assert {dict(ls)["stream"] for ls in scraper.series["meshrl_queue_depth_items"]} == {
+        "prompts", "rollouts", "experience"}  # fmt: skip
+    assert scraper.peak_of("meshrl_feeder_prompts_total") > 0
+    assert scraper.peak_of("meshrl_feeder_max_in_flight_prompts") > 0
+    assert scraper.peak_of("meshrl_ledger_samples", stage="trained") > 0
+    assert scraper.peak_of("meshrl_trainer_staleness_versions_count") > 0
+    assert scraper.peak_of("meshrl_trainer_rollout_probs_diff_max") > 0
+    assert scraper.peak_of("meshrl_gateway_jobs", state="succeeded") == 1
