@@ -2,7 +2,7 @@
 
 Modules: ``dataproto`` (the class), ``dataproto_rows`` (repeat/unfold/iterate methods),
 ``dataproto_convert`` (TensorDict/pickle/disk conversions, size and info methods),
-``padding`` (pad/unpad/fold), ``utils`` (dict unions), ``serialization`` (tensor <->
+``padding`` (pad/unpad/fold), ``column_dicts`` (dict unions), ``serialization`` (tensor <->
 bytes), ``future`` (``DataProtoFuture``), ``distributed`` (``all_gather_data_proto``),
 ``config`` (``DataProtoConfig``), ``errors`` (``DataProtoError``), ``columns`` (meshrl's
 ``sample_id``/``policy_version`` columns), ``tensordict_utils`` (``get_tensordict``).
@@ -21,7 +21,7 @@ from services.protocol.serialization import (
     serialize_single_tensor,
     serialize_tensordict,
 )
-from services.protocol.utils import (
+from services.protocol.column_dicts import (
     list_of_dict_to_dict_of_list,
     numpy_dict_to_tensor_dict,
     union_numpy_dict,

@@ -49,7 +49,7 @@ from services.protocol.config import DataProtoConfig
 from services.protocol.dataproto_convert import ConversionMixin
 from services.protocol.dataproto_rows import RowOpsMixin
 from services.protocol.errors import DataProtoError, require
-from services.protocol.utils import (
+from services.protocol.column_dicts import (
     as_object_array,
     values_equal,
     union_numpy_dict,

@@ -17,7 +17,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from services.protocol.errors import require
-from services.protocol.utils import as_object_array
+from services.protocol.column_dicts import as_object_array
 
 NUMERIC_NON_TENSOR_DTYPES_KEY = "__meshrl_non_tensor_dtypes__"
 """Reserved key ``to_tensordict`` uses to remember dtypes of non-object non-tensor arrays."""

@@ -1,4 +1,6 @@
-"""Dictionary helpers behind ``DataProto.union``/``concat`` (verl-compatible names).
+"""Dictionaries of columns behind ``DataProto.union``/``concat`` (verl-compatible names):
+unions of tensor / numpy / plain dicts, the value comparison they use, list-of-dicts to
+dict-of-lists, numpy dict to TensorDict, and building object arrays.
 
 All functions that merge mutate and return their first argument, as verl's do.
 """
