@@ -19,6 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/quickstart", help="where model, data and the run go")
     p.add_argument("--spec", default=None, help="job spec (default: examples/quickstart.yaml of this checkout)")
     p.add_argument("--warm-steps", type=int, default=50, help="supervised warm-start steps (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model's initial weights, the warm start, the "
+                   "prompt order and sampling (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", help="a.b=c overrides for the job spec")
 
@@ -38,20 +40,21 @@ def run(args: argparse.Namespace) -> int:
 
     from services.data import synthetic
     from services.data.parquet import write_rows
-    from services.modelling.tiny import build_tiny_model
+    from services.modelling.tiny import TinyModelSpec, build_tiny_model
     from services.warmstart import warm_start
 
     if not (model / "config.json").exists():
-        build_tiny_model(model)
+        build_tiny_model(model, TinyModelSpec(seed=args.seed))
         print(f"[1/4] tiny model built: {model}", flush=True)
     write_rows(synthetic.arith_rows(2000, seed=0, max_operand=4, ops="+"), data / "train.parquet")
     write_rows(synthetic.arith_rows(100, seed=1, max_operand=4, ops="+", split="test"), data / "test.parquet")
     print(f"[2/4] arithmetic prompts written: {data}", flush=True)
-    res = warm_start(model, data / "train.parquet", warm, steps=args.warm_steps, log_every=0)
+    res = warm_start(model, data / "train.parquet", warm, steps=args.warm_steps, seed=args.seed, log_every=0)
     print(f"[3/4] supervised warm start: {res.steps} steps, loss {res.final_loss:.3f}, "
           f"expected reward {res.p_correct:.3f} (what RL starts from)", flush=True)
     overrides = [f"model.path={warm}", f"data.train_files={data / 'train.parquet'}",
-                 f"data.val_files={data / 'test.parquet'}", *args.overrides]
+                 f"data.val_files={data / 'test.parquet'}", f"data.seed={args.seed}", f"rollout.seed={args.seed}",
+                 *args.overrides]
     try:
         spec = load_job(spec_path, overrides)
     except JobSpecError as exc:
