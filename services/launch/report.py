@@ -64,6 +64,9 @@ class History:
         for rec in lines:
             m = rec.get("metrics") or {}
             lags = rec.get("staleness") or []
+            hist: dict[str, int] = {}
+            for lag in lags:
+                hist[str(int(lag))] = hist.get(str(int(lag)), 0) + 1
             self.steps.append(
                 {
                     "step": int(rec["step"]),
@@ -77,6 +80,8 @@ class History:
                     "logprob_diff": float(m.get("training/rollout_probs_diff_mean", float("nan"))),
                     "val_score": _val_score(m),
                     "staleness": sum(lags) / len(lags) if lags else 0.0,
+                    # how many of the step's samples lagged the trainer by each number of versions
+                    "staleness_hist": hist,
                     "tokens_per_s": rate,
                     "applied": bool(rec.get("applied", True)),
                 }
@@ -103,6 +108,7 @@ def write_report(history: History, run_dir: Path) -> dict[str, Any]:
         "reward_start": rows[0]["reward_mean"] if rows else None,
         "reward_end": sum(r["reward_mean"] for r in rows[-k:]) / k if rows else None,
         "seconds": rows[-1]["t"] if rows else 0.0,
+        "staleness_histogram": staleness_totals(rows),
         "history": rows,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -115,7 +121,6 @@ def write_report(history: History, run_dir: Path) -> dict[str, Any]:
         steps = [r["step"] for r in rows]
         for key, title, fname in (
             ("reward_mean", "mean training reward", "reward.png"),
-            ("staleness", "mean staleness of trained samples (versions)", "staleness.png"),
             ("tokens_per_s", "rollout tokens / s", "throughput.png"),
         ):
             fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -126,4 +131,43 @@ def write_report(history: History, run_dir: Path) -> dict[str, Any]:
             fig.tight_layout()
             fig.savefig(run_dir / fname, dpi=90)
             plt.close(fig)
+        _plot_staleness(plt, rows, run_dir / "staleness.png")
     return summary
+
+
+def staleness_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Samples trained at each staleness (versions behind the trainer), over the whole run."""
+    out: dict[str, int] = {}
+    for r in rows:
+        for lag, count in (r.get("staleness_hist") or {}).items():
+            out[lag] = out.get(lag, 0) + int(count)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def _plot_staleness(plt, rows: list[dict[str, Any]], path: Path) -> None:
+    """Per step, the share of trained samples at each staleness (stacked), and the mean."""
+    steps = [r["step"] for r in rows]
+    lags = sorted({int(k) for r in rows for k in (r.get("staleness_hist") or {})})
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    bottom = [0.0] * len(rows)
+    for lag in lags:
+        shares = []
+        for r in rows:
+            h = r.get("staleness_hist") or {}
+            total = sum(h.values()) or 1
+            shares.append(h.get(str(lag), 0) / total)
+        ax.bar(steps, shares, bottom=bottom, width=1.0, label=f"{lag} behind")
+        bottom = [b + s for b, s in zip(bottom, shares)]
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of trained samples")
+    ax.set_ylim(0, 1.05)
+    ax2 = ax.twinx()
+    ax2.plot(steps, [r["staleness"] for r in rows], color="black", marker=".", label="mean")
+    ax2.set_ylabel("mean staleness (versions)")
+    ax2.set_ylim(bottom=0)
+    if lags:
+        ax.legend(loc="upper left", fontsize=7, title="versions", title_fontsize=7)
+    ax.set_title("staleness of trained samples")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
