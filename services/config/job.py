@@ -88,11 +88,26 @@ class ServicesConfig(StrictModel):
 
 
 class AsyncConfig(StrictModel):
-    """How far rollouts may run ahead of the trainer (DESIGN.md, async semantics)."""
+    """How far rollouts may run ahead of the trainer (docs/architecture.md, async rules)."""
 
+    mode: Literal["async", "sync"] = Field(
+        "async",
+        description="async: generation, scoring and training overlap, bounded by max_staleness; sync: the "
+        "synchronous baseline (verl's loop) -- one batch is fed only once every replica serves the trainer's "
+        "current version, then scored and trained, nothing overlaps; needs max_staleness=0",
+    )
     max_staleness: int = Field(
         1, ge=0, le=1000, description="train only on samples with version >= current - max_staleness; 0 = on-policy"
     )
+
+    @model_validator(mode="after")
+    def _sync_is_on_policy(self) -> "AsyncConfig":
+        if self.mode == "sync" and self.max_staleness != 0:
+            raise ValueError(
+                f"max_staleness={self.max_staleness} with mode=sync: a synchronous job trains on-policy only "
+                "(set async.max_staleness=0)"
+            )
+        return self
 
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")

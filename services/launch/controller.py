@@ -48,6 +48,8 @@ class JobController:
         self.detail = ""
         self.metrics_url: str | None = None
         self._broker = None
+        self._feeder = None
+        self._queues: dict[str, int] = {}
 
     # ------------------------------------------------------------------ config files
 
@@ -177,7 +179,7 @@ class JobController:
         prompts = make_queue(queues_cfg, stream="prompts", group="controller", consumer="feeder", metrics=qm)
         watched = {name: make_queue(queues_cfg, stream=name, group=group, consumer="controller", metrics=qm)
                    for name, group in (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))}
-        feeder = self._make_feeder(prompts)
+        feeder = self._feeder = self._make_feeder(prompts)
         trainer_url = yaml.safe_load((self.run_dir / "configs" / "trainer.yaml").read_text())["trainer"]
         trainer_url = f"http://{spec.services.host}:{trainer_url['metrics_port']}"
         rollout_urls = [p.ready_url.rsplit("/", 1)[0] for p in self.procs if p.name.startswith("rollout")]
@@ -189,9 +191,11 @@ class JobController:
                     self.state, self.detail = "cancelled", f"stopped by signal {self._stop_signal}"
                     self._log("meshrl run: interrupted; stopping the services (the trainer checkpoints first)")
                     return 130
-                tokens = 0.0
+                tokens, served = 0.0, []
                 for u in rollout_urls:
-                    tokens += (await asyncio.to_thread(scrape, u + "/metrics")).get("meshrl_rollout_tokens_total", 0.0)
+                    r = await asyncio.to_thread(scrape, u + "/metrics")
+                    tokens += r.get("meshrl_rollout_tokens_total", 0.0)
+                    served.append(r.get("meshrl_rollout_served_version"))
                 if self.history.read(tokens, time.monotonic() - self._t0) and bar is not None:
                     last = self.history.steps[-1]
                     bar.update(last["step"] - bar.n)
@@ -209,12 +213,15 @@ class JobController:
                 t = await asyncio.to_thread(scrape, trainer_url + "/metrics")
                 finished = (t.get("meshrl_trainer_samples_total", 0.0) + t.get("meshrl_trainer_dropped_stale_samples_total", 0.0)
                             + t.get("meshrl_trainer_dropped_error_samples_total", 0.0)) / n
-                put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s)
+                current = t.get("meshrl_trainer_policy_version")
+                put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s,
+                                          replicas_current=current is not None and all(v == current for v in served))
                 self.control.fed(put, feeder.state.fed, int(finished), feeder.max_in_flight)
                 if self._broker is not None:
                     self.control.set_ledger(self._broker.state.ledger.values())
                 self._write_status(feeder=feeder, queues=await self._depths(watched))
-                await asyncio.sleep(self.poll_s)
+                # sync mode waits on the controller to see each step end: poll faster there
+                await asyncio.sleep(self.poll_s if spec.async_.mode == "async" else min(self.poll_s, 0.1))
         finally:
             if bar is not None:
                 bar.close()
@@ -257,6 +264,11 @@ class JobController:
             log.warning("killed %d leftover descendant process(es) of the job's services", len(leftovers))
 
     def _write_status(self, feeder=None, queues: dict | None = None) -> None:
+        # the final write (after the loop) keeps the last figures the loop saw
+        feeder = feeder or self._feeder
+        if queues is not None:
+            self._queues = queues
+        queues = self._queues
         last = self.history.steps[-1] if self.history.steps else {}
         status = {
             "state": self.state, "detail": self.detail, "step": last.get("step", 0),
