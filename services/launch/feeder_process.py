@@ -24,14 +24,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer-metrics", required=True, help="the trainer's /metrics URL, e.g. http://trainer:9103/metrics")
     p.add_argument("--metrics-port", type=int, default=9104, help="port of this feeder's /health /ready /metrics")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address of this feeder's /metrics")
+    p.add_argument("--rollout-metrics", action="append", default=[], metavar="URL",
+                   help="a replica's /metrics URL (repeat per replica); needed with async.mode=sync, where a "
+                   "batch is fed only once every replica serves the trainer's version")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between trainer scrapes")
     p.add_argument("overrides", nargs="*", help="a.b=c overrides of the spec")
     return p
 
 
-async def feed(spec, trainer_metrics: str, poll: float, stop, gauges) -> None:
+async def feed(spec, trainer_metrics: str, poll: float, stop, gauges, rollout_metrics: list[str] = ()) -> None:
     """Top the prompts stream up until ``stop`` is set; export the feeder's counters and the
-    streams' depths (``gauges["control"]``, a ControlMetrics)."""
+    streams' depths (``gauges["control"]``, a ControlMetrics). With ``async.mode=sync`` a batch
+    goes out only once every replica in ``rollout_metrics`` serves the trainer's version."""
     import asyncio
 
     from services.launch.feeder import build_feeder
@@ -49,7 +53,10 @@ async def feed(spec, trainer_metrics: str, poll: float, stop, gauges) -> None:
             t = await asyncio.to_thread(scrape, trainer_metrics)
             finished = (t.get("meshrl_trainer_samples_total", 0.0) + t.get("meshrl_trainer_dropped_stale_samples_total", 0.0)
                         + t.get("meshrl_trainer_dropped_error_samples_total", 0.0)) / n  # fmt: skip
-            put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s)
+            current = t.get("meshrl_trainer_policy_version")
+            served = [(await asyncio.to_thread(scrape, u)).get("meshrl_rollout_served_version") for u in rollout_metrics]
+            put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s,
+                                      replicas_current=current is not None and all(v == current for v in served))
             control.fed(put, feeder.state.fed, int(finished), feeder.max_in_flight)
             for q in watched:  # depth() sets meshrl_queue_depth_items{stream}
                 try:
@@ -78,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     except JobSpecError as exc:
         print(f"feed: {exc}", file=sys.stderr)
         return 2
+    if spec.async_.mode == "sync" and not args.rollout_metrics:
+        print("feed: async.mode=sync paces batches on the replicas' served version: pass --rollout-metrics URL "
+              "for every replica", file=sys.stderr)
+        return 2
     from services.launch.control_metrics import ControlMetrics
 
     control = ControlMetrics()
@@ -88,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(f"feeder ready metrics={args.metrics_host}:{server.port}", flush=True)
     try:
-        asyncio.run(feed(spec, args.trainer_metrics, args.poll, stop, gauges))
+        asyncio.run(feed(spec, args.trainer_metrics, args.poll, stop, gauges, args.rollout_metrics))
     finally:
         server.stop()
     return 0
