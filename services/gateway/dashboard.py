@@ -1,14 +1,23 @@
 """The gateway's built-in dashboard: one static HTML page, plain JS, no build step.
 
 The page holds no data itself. Its script asks for the gateway token (``#token=...`` in the
-URL, or typed into the box; kept in the tab's ``sessionStorage``), then polls
-``GET /v1/jobs`` and each job's ``GET /v1/jobs/{id}/metrics?since=<last ts>`` every
-``?interval=`` milliseconds (default 2000) and redraws four SVG curves per job: reward mean,
-staleness, queue depths (one line per stream) and tokens/s.
+URL, or typed into the box; kept in the tab's ``sessionStorage``), then polls ``GET /v1/jobs``
+and, per job, ``/metrics?since=<last ts>``, ``/events`` and (when its logs are open)
+``/logs?service=..&tail=200`` every ``?interval=`` milliseconds (default 2000).
 
-For tests and scripts the page exposes its state in the DOM: ``<body data-polls=N>``
-counts successful polls; each chart ``<svg data-metric=... data-points=N>``; each job card
-``<section class="job" data-job-id=... data-state=...>``.
+Per job: its state, step and detail; pause / resume / cancel buttons for the states that
+allow them; nine charts (reward mean, staleness, queue depths with a colour key per stream,
+tokens/s, loss, KL, entropy, gradient norm, validation score), each with y ticks in its
+unit, time ticks on x, the last value rounded to three significant digits, and the values
+under the pointer on hover; the job's last events; and its per-service logs.
+
+A refused token is a state of its own (the token box and "the gateway refused the token",
+never "no jobs yet"); so is a missing one.
+
+For tests and scripts the page exposes its state in the DOM: ``<body data-polls=N
+data-auth=ok|refused|missing>``; each job card ``<section class="job" data-job-id=...
+data-state=...>``; each chart ``<svg data-metric=... data-points=N>`` with ``polyline
+data-line=<series>``; the hover box ``.tip``; the log box ``pre.log[data-service=...]``.
 """
 
 DASHBOARD_HTML = r"""<!doctype html>
@@ -20,39 +29,56 @@ DASHBOARD_HTML = r"""<!doctype html>
   body { font-family: system-ui, sans-serif; margin: 1.5rem; background: #fafafa; color: #222; }
   h1 { font-size: 1.3rem; margin: 0 0 1rem; }
   .job { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: .8rem 1rem; margin-bottom: 1rem; }
-  .job h2 { font-size: 1rem; margin: 0 0 .4rem; }
+  .job h2 { font-size: 1rem; margin: 0 0 .4rem; display: flex; gap: .6rem; align-items: center; flex-wrap: wrap; }
   .state { font-weight: normal; font-size: .85rem; padding: .1rem .4rem; border-radius: 3px; background: #eee; }
-  .charts { display: flex; flex-wrap: wrap; gap: 1rem; }
-  figure { margin: 0; }
-  figcaption { font-size: .8rem; color: #555; }
-  svg { background: #fcfcfc; border: 1px solid #eee; }
+  .state.running { background: #d8f0d8; } .state.paused { background: #fff0c0; }
+  .state.failed { background: #f8d0d0; } .state.succeeded { background: #d0e4f8; }
+  .actions button { font-size: .8rem; margin-right: .3rem; }
+  .detail { font-size: .85rem; color: #444; margin-bottom: .4rem; white-space: pre-wrap; max-height: 6em; overflow: auto; }
+  .charts { display: flex; flex-wrap: wrap; gap: .8rem; }
+  figure { margin: 0; position: relative; }
+  figcaption { font-size: .8rem; color: #333; display: flex; justify-content: space-between; gap: .5rem; }
+  figcaption .last { font-variant-numeric: tabular-nums; font-weight: 600; }
+  svg.chart { background: #fcfcfc; border: 1px solid #eee; }
+  .axis { font-size: 9px; fill: #666; font-variant-numeric: tabular-nums; }
+  .grid { stroke: #eee; }
+  .legend { font-size: .75rem; display: flex; gap: .7rem; }
+  .legend i { display: inline-block; width: .9em; height: .9em; border-radius: 2px; margin-right: .25em; vertical-align: -.1em; }
+  .tip { position: absolute; pointer-events: none; background: rgba(30,30,30,.88); color: #fff; font-size: .72rem;
+         padding: .2rem .4rem; border-radius: 3px; white-space: pre; font-variant-numeric: tabular-nums; z-index: 2; }
+  .events { font-size: .78rem; color: #444; margin: .5rem 0 0; padding-left: 1.1rem; }
+  details.logs { margin-top: .5rem; font-size: .85rem; }
+  pre.log { background: #1e1e1e; color: #ddd; font-size: .72rem; padding: .5rem; max-height: 16em; overflow: auto; margin: .3rem 0 0; }
   #error { color: #b00; }
   #login { margin-bottom: 1rem; }
 </style>
 </head>
-<body data-polls="0">
+<body data-polls="0" data-auth="missing">
 <h1>meshrl jobs</h1>
 <form id="login" hidden><label>gateway token <input id="token" type="password" autocomplete="off"></label>
 <button>show jobs</button></form>
 <p id="error" role="alert"></p>
-<div id="jobs"><p id="empty">no jobs yet</p></div>
+<div id="jobs"><p id="empty" hidden>no jobs yet</p></div>
 <script>
 "use strict";
 (function () {
+  // [key, caption, unit shown on the axis and in values]
   const METRICS = [
-    ["reward_mean", "reward mean"], ["staleness", "staleness (versions)"],
-    ["queues", "queue depths"], ["tokens_per_s", "tokens / s"],
+    ["reward_mean", "reward mean", ""], ["staleness", "staleness", "versions"], ["queues", "queue depths", "items"],
+    ["tokens_per_s", "generation", "tok/s"], ["loss", "loss", ""], ["kl", "KL", "nats"],
+    ["entropy", "entropy", "nats"], ["grad_norm", "grad norm", ""], ["val_score", "validation score", ""],
   ];
-  const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
-  const W = 280, H = 120, PAD = 6;
+  const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+  const W = 300, H = 150, ML = 46, MR = 8, MT = 8, MB = 22;
   const params = new URLSearchParams(location.search);
   const interval = Math.max(100, parseInt(params.get("interval") || "2000", 10) || 2000);
   const hash = new URLSearchParams(location.hash.slice(1));
   let token = hash.get("token") || sessionStorage.getItem("meshrl_token") || "";
-  const series = {};  // job id -> {since, points: []}
+  const series = {};  // job id -> {since, points: [], lines: {metric: {name: [[ts, v]]}}}
+  const colorOf = {};  // queue name -> colour, stable across redraws
 
   function el(tag, attrs, text) {
-    const svgTags = ["svg", "polyline", "text", "line"];
+    const svgTags = ["svg", "polyline", "text", "line", "circle", "rect", "g"];
     const node = svgTags.includes(tag)
       ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
@@ -60,16 +86,54 @@ DASHBOARD_HTML = r"""<!doctype html>
     return node;
   }
 
-  async function api(path) {
-    const r = await fetch(path, { headers: { Authorization: "Bearer " + token } });
-    if (r.status === 401) { showLogin("the gateway refused the token"); throw new Error("unauthorized"); }
-    if (!r.ok) throw new Error(path + ": HTTP " + r.status);
-    return r.json();
+  // Three significant digits, no float noise: 149.9055 -> "150", 0.012345 -> "0.0123", 12345.6 -> "12,346".
+  function fmt(v) {
+    if (typeof v !== "number" || !isFinite(v)) return "–";
+    const a = Math.abs(v);
+    if (a >= 1000) return Math.round(v).toLocaleString("en-US");
+    if (a !== 0 && a < 0.001) return v.toExponential(2);
+    return String(Number(v.toPrecision(3)));
+  }
+  const withUnit = (v, unit) => fmt(v) + (unit ? " " + unit : "");
+  const hms = (ts, fine) => new Date(ts * 1000).toISOString().slice(11, fine ? 21 : 19);
+
+  // Tick labels: as many decimals as the tick step needs, so neighbouring ticks never print alike.
+  function tickFmt(t, step) {
+    const d = Math.min(6, Math.max(0, -Math.floor(Math.log10(step) + 1e-9)));
+    return Math.abs(t) >= 1000 && d === 0 ? Math.round(t).toLocaleString("en-US") : t.toFixed(d);
   }
 
-  function showLogin(msg) {
-    document.getElementById("login").hidden = false;
+  function niceTicks(lo, hi, n) {
+    if (!(hi > lo)) { const d = Math.abs(lo) * 0.1 || 1; lo -= d; hi += d; }
+    const raw = (hi - lo) / n, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 5, 10].map(m => m * mag).find(s => s >= raw) || 10 * mag;
+    const t0 = Math.floor(lo / step) * step, ticks = [];
+    for (let t = t0; t <= hi + step * 1e-9; t += step) ticks.push(Number(t.toPrecision(12)));
+    if (ticks[ticks.length - 1] < hi) ticks.push(Number((ticks[ticks.length - 1] + step).toPrecision(12)));
+    return ticks;
+  }
+
+  function setAuth(state, msg) {
+    document.body.dataset.auth = state;
+    const login = document.getElementById("login");
+    login.hidden = state === "ok";
     document.getElementById("error").textContent = msg || "";
+    if (state !== "ok") {
+      document.getElementById("empty").hidden = true;
+      for (const s of document.querySelectorAll("section.job")) s.remove();
+      for (const k of Object.keys(series)) delete series[k];
+    }
+  }
+
+  async function api(path, opts) {
+    const r = await fetch(path, Object.assign({ headers: { Authorization: "Bearer " + token } }, opts || {}));
+    if (r.status === 401) { setAuth("refused", "the gateway refused the token: enter the right one"); throw new Error("unauthorized"); }
+    if (!r.ok) {
+      let why = "HTTP " + r.status;
+      try { why = (await r.json()).detail || why; } catch (e) { /* not JSON */ }
+      throw new Error(path.split("?")[0] + ": " + why);
+    }
+    return r;
   }
 
   function lines(points, key) {
@@ -79,63 +143,205 @@ DASHBOARD_HTML = r"""<!doctype html>
     return out;
   }
 
-  function draw(svg, byLine) {
+  function colour(name, key) {
+    if (key !== "queues") return COLORS[0];
+    if (!(name in colorOf)) colorOf[name] = COLORS[Object.keys(colorOf).length % COLORS.length];
+    return colorOf[name];
+  }
+
+  function draw(fig, key, unit, byLine) {
+    const svg = fig.querySelector("svg");
     svg.replaceChildren();
+    svg._lines = byLine;
     const all = Object.values(byLine).flat();
     svg.setAttribute("data-points", String(all.length));
-    if (!all.length) { svg.appendChild(el("text", { x: 8, y: H / 2, "font-size": 11, fill: "#999" }, "no data yet")); return; }
+    const last = fig.querySelector(".last");
+    const legend = fig.querySelector(".legend");
+    if (!all.length) {
+      last.textContent = "";
+      const msg = key === "val_score" ? "no validation in this job yet" : "no data yet";
+      svg.appendChild(el("text", { x: W / 2, y: H / 2, "font-size": 11, fill: "#999", "text-anchor": "middle" }, msg));
+      return;
+    }
     const xs = all.map(p => p[0]), ys = all.map(p => p[1]);
-    const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(0, ...ys), y1 = Math.max(...ys);
-    const sx = x => PAD + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * (W - 2 * PAD);
-    const sy = y => H - PAD - (y1 > y0 ? (y - y0) / (y1 - y0) : 0.5) * (H - 2 * PAD);
-    Object.entries(byLine).forEach(([name, pts], i) => {
+    let x0 = Math.min(...xs), x1 = Math.max(...xs);
+    if (x1 - x0 < 1) { x0 -= 0.5; x1 += 0.5; }
+    const yt = niceTicks(key === "queues" || key === "tokens_per_s" ? Math.min(0, ...ys) : Math.min(...ys), Math.max(...ys), 4);
+    const y0 = yt[0], y1 = yt[yt.length - 1];
+    const sx = x => ML + (x - x0) / (x1 - x0) * (W - ML - MR);
+    const sy = y => H - MB - (y - y0) / (y1 - y0) * (H - MT - MB);
+    svg._scale = { x0, x1, sx, sy, unit };
+    const ystep = yt.length > 1 ? yt[1] - yt[0] : 1;
+    for (const t of yt) {
+      svg.appendChild(el("line", { class: "grid", x1: ML, x2: W - MR, y1: sy(t), y2: sy(t) }));
+      svg.appendChild(el("text", { class: "axis", "data-tick": "y", x: ML - 4, y: sy(t) + 3, "text-anchor": "end" }, tickFmt(t, ystep)));
+    }
+    if (unit) {
+      const ym = (MT + H - MB) / 2;
+      svg.appendChild(el("text", { class: "axis unit", x: 9, y: ym, "text-anchor": "middle", transform: "rotate(-90 9 " + ym + ")" }, unit));
+    }
+    svg.appendChild(el("line", { stroke: "#999", x1: ML, x2: ML, y1: MT, y2: H - MB }));
+    svg.appendChild(el("line", { stroke: "#999", x1: ML, x2: W - MR, y1: H - MB, y2: H - MB }));
+    const nx = 3;
+    for (let i = 0; i <= nx; i++) {
+      const t = x0 + (x1 - x0) * i / nx, x = sx(t);
+      svg.appendChild(el("line", { stroke: "#999", x1: x, x2: x, y1: H - MB, y2: H - MB + 3 }));
+      svg.appendChild(el("text", { class: "axis", "data-tick": "x", x, y: H - 6, "text-anchor": i === 0 ? "start" : i === nx ? "end" : "middle" }, hms(t, x1 - x0 < 6)));
+    }
+    for (const [name, pts] of Object.entries(byLine)) {
       svg.appendChild(el("polyline", {
-        "data-line": name, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 1.5,
+        "data-line": name, fill: "none", stroke: colour(name, key), "stroke-width": 1.5,
         points: pts.map(p => sx(p[0]).toFixed(1) + "," + sy(p[1]).toFixed(1)).join(" "),
       }));
-    });
-    const last = all[all.length - 1][1];
-    svg.appendChild(el("text", { x: W - PAD, y: 12, "font-size": 11, "text-anchor": "end", fill: "#333" },
-      Object.keys(byLine).length > 1 ? Object.keys(byLine).join(", ") : String(+last.toFixed(4))));
+    }
+    if (key === "queues") {
+      legend.replaceChildren(...Object.keys(byLine).map(name => {
+        const s = el("span", { "data-line": name });
+        s.appendChild(el("i", { style: "background:" + colour(name, key) }));
+        s.appendChild(document.createTextNode(name + " " + fmt(byLine[name][byLine[name].length - 1][1])));
+        return s;
+      }));
+      last.textContent = "";
+    } else {
+      last.textContent = withUnit(all[all.length - 1][1], unit);
+    }
   }
+
+  function hover(fig, ev) {
+    const svg = fig.querySelector("svg"), tip = fig.querySelector(".tip"), sc = svg._scale;
+    svg.querySelectorAll(".hover").forEach(n => n.remove());
+    if (!sc) { tip.hidden = true; return; }
+    const box = svg.getBoundingClientRect(), mx = ev.clientX - box.left;
+    const t = sc.x0 + (mx - ML) / (W - ML - MR) * (sc.x1 - sc.x0);
+    const rows = [];
+    let at = null;
+    for (const [name, pts] of Object.entries(svg._lines || {})) {
+      if (!pts.length) continue;
+      let best = pts[0];
+      for (const p of pts) if (Math.abs(p[0] - t) < Math.abs(best[0] - t)) best = p;
+      at = at === null ? best[0] : at;
+      rows.push((Object.keys(svg._lines).length > 1 ? name + ": " : "") + withUnit(best[1], sc.unit));
+      svg.appendChild(el("circle", { class: "hover", cx: sc.sx(best[0]), cy: sc.sy(best[1]), r: 3, fill: "#000" }));
+    }
+    if (at === null) { tip.hidden = true; return; }
+    svg.appendChild(el("line", { class: "hover", stroke: "#888", "stroke-dasharray": "2,2", x1: sc.sx(at), x2: sc.sx(at), y1: MT, y2: H - MB }));
+    tip.textContent = hms(at) + "\n" + rows.join("\n");
+    tip.hidden = false;
+    tip.style.left = Math.min(W - 90, Math.max(0, sc.sx(at) + 8)) + "px";
+    tip.style.top = "18px";
+  }
+
+  async function act(jobId, verb) {
+    try {
+      await api("/v1/jobs/" + encodeURIComponent(jobId) + ":" + verb, { method: "POST" });
+      await poll();
+    } catch (e) {
+      if (e.message !== "unauthorized") document.getElementById("error").textContent = verb + " failed: " + e.message;
+    }
+  }
+
+  const ALLOWED = { pause: ["running"], resume: ["paused"], cancel: ["pending", "running", "paused"] };
 
   function card(job) {
     let sec = document.querySelector('section[data-job-id="' + CSS.escape(job.id) + '"]');
     if (!sec) {
       sec = el("section", { class: "job", "data-job-id": job.id });
-      const h = el("h2", {}, job.id + " ");
+      const h = el("h2", {}, job.id);
       h.appendChild(el("span", { class: "state" }));
+      const actions = el("span", { class: "actions" });
+      for (const verb of Object.keys(ALLOWED)) {
+        const b = el("button", { type: "button", "data-action": verb }, verb);
+        b.addEventListener("click", () => act(job.id, verb));
+        actions.appendChild(b);
+      }
+      h.appendChild(actions);
       sec.appendChild(h);
       sec.appendChild(el("div", { class: "detail" }));
       const charts = el("div", { class: "charts" });
-      for (const [key, label] of METRICS) {
-        const fig = el("figure");
-        fig.appendChild(el("svg", { width: W, height: H, "data-metric": key, "data-points": "0" }));
-        fig.appendChild(el("figcaption", {}, label));
+      for (const [key, label, unit] of METRICS) {
+        const fig = el("figure", { "data-metric": key });
+        const cap = el("figcaption");
+        cap.appendChild(el("span", {}, label));
+        cap.appendChild(el("span", { class: "last" }));
+        fig.appendChild(cap);
+        fig.appendChild(el("svg", { class: "chart", width: W, height: H, "data-metric": key, "data-points": "0" }));
+        if (key === "queues") fig.appendChild(el("div", { class: "legend" }));
+        const tip = el("div", { class: "tip" });
+        tip.hidden = true;
+        fig.appendChild(tip);
+        fig.querySelector("svg").addEventListener("mousemove", ev => hover(fig, ev));
+        fig.querySelector("svg").addEventListener("mouseleave", () => {
+          tip.hidden = true; fig.querySelectorAll(".hover").forEach(n => n.remove());
+        });
         charts.appendChild(fig);
       }
       sec.appendChild(charts);
+      sec.appendChild(el("ul", { class: "events" }));
+      const logs = el("details", { class: "logs" });
+      logs.appendChild(el("summary", {}, "logs"));
+      const pick = el("select", { "aria-label": "service" });
+      pick.appendChild(el("option", { value: "job" }, "job"));
+      pick.addEventListener("change", () => loadLog(job.id, sec));
+      logs.appendChild(pick);
+      logs.appendChild(el("pre", { class: "log", "data-service": "job" }));
+      logs.addEventListener("toggle", () => { if (logs.open) loadLog(job.id, sec); });
+      sec.appendChild(logs);
       document.getElementById("jobs").appendChild(sec);
     }
     sec.setAttribute("data-state", job.state);
-    sec.querySelector(".state").textContent = job.state;
+    const st = sec.querySelector(".state");
+    st.textContent = job.state;
+    st.className = "state " + job.state;
+    for (const [verb, states] of Object.entries(ALLOWED)) sec.querySelector('[data-action="' + verb + '"]').hidden = !states.includes(job.state);
     const p = job.progress || {};
     sec.querySelector(".detail").textContent =
-      (p.step !== undefined && p.step !== null ? "step " + p.step + (p.total_steps ? "/" + p.total_steps : "") + " " : "") + (job.detail || "");
+      (p.step !== undefined && p.step !== null ? "step " + p.step + (p.total_steps ? " / " + p.total_steps : "") + "  " : "") + (job.detail || "");
     return sec;
   }
 
-  async function poll() {
+  async function loadLog(jobId, sec) {
+    const pick = sec.querySelector("details.logs select"), pre = sec.querySelector("pre.log");
+    const service = pick.value || "job";
     try {
-      const { jobs } = await api("/v1/jobs?limit=20");
+      const r = await api("/v1/jobs/" + encodeURIComponent(jobId) + "/logs?tail=200&service=" + encodeURIComponent(service));
+      const names = (r.headers.get("X-Log-Services") || "").split(",").filter(Boolean);
+      if (names.join() !== [...pick.options].map(o => o.value).join()) {
+        pick.replaceChildren(...names.map(n => el("option", { value: n }, n)));
+        pick.value = names.includes(service) ? service : names[0] || "job";
+      }
+      const stick = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      pre.textContent = await r.text();
+      pre.dataset.service = service;
+      if (stick) pre.scrollTop = pre.scrollHeight;
+    } catch (e) {
+      if (e.message !== "unauthorized") { pre.textContent = String(e.message || e); pre.dataset.service = service; }
+    }
+  }
+
+  // One poll at a time: a button's poll and the timer's never interleave (which would draw a point twice).
+  let polling = null;
+  function poll() {
+    if (!polling) polling = pollOnce().finally(() => { polling = null; });
+    return polling;
+  }
+
+  async function pollOnce() {
+    try {
+      const { jobs } = await (await api("/v1/jobs?limit=20")).json();
+      if (document.body.dataset.auth !== "ok") setAuth("ok");
       document.getElementById("empty").hidden = jobs.length > 0;
       for (const job of jobs) {
         const sec = card(job);
         const s = series[job.id] = series[job.id] || { since: 0, points: [] };
-        const m = await api("/v1/jobs/" + encodeURIComponent(job.id) + "/metrics?since=" + s.since);
-        if (m.points.length) { s.points.push(...m.points); s.since = m.points[m.points.length - 1].ts; }
+        const m = await (await api("/v1/jobs/" + encodeURIComponent(job.id) + "/metrics?since=" + s.since)).json();
+        const fresh = m.points.filter(p => p.ts > s.since);  // never the same point twice
+        if (fresh.length) { s.points.push(...fresh); s.since = fresh[fresh.length - 1].ts; }
         s.points = s.points.slice(-2000);
-        for (const [key] of METRICS) draw(sec.querySelector('svg[data-metric="' + key + '"]'), lines(s.points, key));
+        for (const [key, , unit] of METRICS) draw(sec.querySelector('figure[data-metric="' + key + '"]'), key, unit, lines(s.points, key));
+        const ev = await (await api("/v1/jobs/" + encodeURIComponent(job.id) + "/events")).json();
+        sec.querySelector(".events").replaceChildren(...ev.events.slice(-5).map(e =>
+          el("li", { "data-kind": e.kind }, hms(e.ts) + "  " + e.kind + (e.detail ? ": " + e.detail : ""))));
+        if (sec.querySelector("details.logs").open) await loadLog(job.id, sec);
       }
       document.getElementById("error").textContent = "";
       document.body.dataset.polls = String(+document.body.dataset.polls + 1);
@@ -148,11 +354,11 @@ DASHBOARD_HTML = r"""<!doctype html>
     ev.preventDefault();
     token = document.getElementById("token").value;
     sessionStorage.setItem("meshrl_token", token);
-    document.getElementById("login").hidden = true;
+    document.getElementById("error").textContent = "";
     poll();
   });
-  if (!token) { showLogin(""); } else { sessionStorage.setItem("meshrl_token", token); }
-  async function loop() { if (token) await poll(); setTimeout(loop, interval); }
+  if (!token) { setAuth("missing", "enter the gateway token to see its jobs"); } else { sessionStorage.setItem("meshrl_token", token); }
+  async function loop() { if (token && document.body.dataset.auth !== "refused") await poll(); setTimeout(loop, interval); }
   loop();
 })();
 </script>

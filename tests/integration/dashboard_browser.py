@@ -68,6 +68,35 @@ class Page:
             raise RuntimeError(f"page threw: {res['exceptionDetails'].get('text')} in {expression!r}")
         return res["result"].get("value")
 
+    def screenshot(self, path: Path, width: int = 1360) -> Path:
+        """Save the whole page (not only the viewport) as a PNG at ``path``."""
+        import base64
+
+        height = int(self.eval("Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)") or 800)
+        self.call("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": min(max(height, 400), 8000), "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
+        shot = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, timeout=30)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
+        return path
+
+    def set_width(self, width: int = 1360, height: int = 1000) -> None:
+        self.call("Emulation.setDeviceMetricsOverride",
+                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
+
+    def mouse_move(self, x: float, y: float) -> None:
+        """Move the pointer to page coordinates (x, y), as a user's mouse would."""
+        self.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+
+    def click(self, selector: str) -> None:
+        """Click the centre of the first element matching ``selector`` with a real mouse event."""
+        box = self.eval(f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+                        " return [r.left + r.width / 2, r.top + r.height / 2]; })()")  # fmt: skip
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "clickCount": 1,
+                                                   "button": "none" if kind == "mouseMoved" else "left"})
+
     def navigate(self, url: str) -> None:
         self.call("Page.navigate", {"url": url})
 

@@ -61,7 +61,8 @@ def main() -> int:
         write_status(
             run_dir, state="running", step=step, total_steps=steps, reward_mean=round(step / steps, 4),
             staleness=0.5, tokens_per_s=100.0 + step, queues={"prompts": step, "rollouts": 1, "experience": 0},
-            detail=f"step {step}/{steps}",
+            detail=f"step {step}/{steps}", loss=round(1.0 / step, 5), kl=0.001 * step, entropy=2.0 - step / (steps + 1),
+            grad_norm=0.5 + (step % 3) * 0.1, **({"val_score": round(step / steps, 4)} if step % 5 == 0 else {}),
             **({"restarts": {"reward-0": 1}} if os.environ.get("FAKE_RESTARTS") == "1" and step >= 2 else {}),
         )  # fmt: skip
         print(f"fake job: step {step}", flush=True)

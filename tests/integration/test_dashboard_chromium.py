@@ -1,7 +1,17 @@
-"""The gateway's dashboard page in a real headless Chromium: it loads, shows the running
-job, and its curves grow as the job makes progress; a wrong token shows the login box."""
+"""The gateway's dashboard page in a real headless Chromium: it shows the running job with
+its charts (axes with ticks and units, rounded values, values on hover, a colour key for
+the queues, loss / KL / entropy / grad norm / validation score), the job's events and
+per-service logs, and pause / resume / cancel buttons that work; a wrong or missing token
+is a state of its own. Screenshots of each state are saved (``MESHRL_SCREENSHOTS`` names the
+directory; default the test's tmp dir) for a look by eye."""
 
 from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -9,49 +19,180 @@ import pytest
 from tests.integration.dashboard_browser import HeadlessChromium
 from tests.integration.gateway_support import TOKEN, VALID_SPEC, auth, fake_launcher, running_gateway, wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(240)
+SIG_DIGITS = re.compile(r"^-?(\d[\d,]*)(\.\d+)?( .*)?$")
 
 
-def test_dashboard_shows_the_job_and_its_curves_update(tmp_path):
-    launcher = fake_launcher(FAKE_STEPS=10_000, FAKE_INTERVAL=0.1)
+def _shots(tmp_path: Path) -> Path:
+    return Path(os.environ.get("MESHRL_SCREENSHOTS") or tmp_path / "screens")
+
+
+def _significant(text: str) -> int:
+    """Significant digits of a value as the page prints it ("0.0123 nats" -> 3, "1,234" -> 4)."""
+    m = SIG_DIGITS.match(text.strip())
+    assert m, f"not a number: {text!r}"
+    digits = (m.group(1) + (m.group(2) or "")).replace(",", "").replace(".", "").lstrip("0")
+    return len(digits)
+
+
+def test_dashboard_shows_the_job_its_charts_events_logs_and_controls(tmp_path):
+    launcher = fake_launcher(FAKE_STEPS=10_000, FAKE_INTERVAL=0.1, FAKE_SERVICE_LOGS=1)
+    shots = _shots(tmp_path)
     with running_gateway(tmp_path, launcher, grpc=False) as gw, HeadlessChromium(tmp_path) as browser:
         with httpx.Client(base_url=gw.http_url, timeout=10) as c:
             job_id = c.post("/v1/jobs", json={"spec": VALID_SPEC}, headers=auth()).json()["id"]
         page = browser.open(f"{gw.http_url}/dashboard?interval=200#token={TOKEN}")
+        page.set_width()
         card = f'document.querySelector(\'section.job[data-job-id="{job_id}"]\')'
         wait_until(lambda: page.eval(f"!!{card}"), timeout=30, what="the job's card")
         assert page.eval(f"{card}.querySelector('h2').textContent").startswith(job_id)
         assert wait_until(lambda: page.eval(f"{card}.dataset.state") == "running", what="running state")
+        assert page.eval("document.body.dataset.auth") == "ok"
 
         def points(metric: str) -> int:
             return int(page.eval(f"{card}.querySelector('svg[data-metric=\"{metric}\"]').dataset.points"))
 
+        def q(sel: str) -> str:
+            return f"{card}.querySelector({json.dumps(sel)})"
+
+        def svg(metric: str) -> str:
+            return q('svg[data-metric="' + metric + '"]')
+
+        def fig(metric: str, inner: str) -> str:
+            return q('figure[data-metric="' + metric + '"] ' + inner)
+
         first = wait_until(lambda: points("reward_mean") >= 2 and points("reward_mean"), timeout=30, what="a curve")
-        line_before = page.eval(f"{card}.querySelector('svg[data-metric=\"reward_mean\"] polyline').getAttribute('points')")
+        line_before = page.eval(q('svg[data-metric="reward_mean"] polyline') + ".getAttribute('points')")
         polls_before = int(page.eval("document.body.dataset.polls"))
         # The curves grow while the job runs: more points, a different line, more polls.
         wait_until(lambda: points("reward_mean") > first, timeout=30, what="the reward curve to grow")
-        assert page.eval(f"{card}.querySelector('svg[data-metric=\"reward_mean\"] polyline').getAttribute('points')") != line_before
-        assert int(page.eval("document.body.dataset.polls")) > polls_before
-        for metric in ("staleness", "tokens_per_s"):
+        assert page.eval(q('svg[data-metric="reward_mean"] polyline') + ".getAttribute('points')") != line_before
+        wait_until(lambda: int(page.eval("document.body.dataset.polls")) > polls_before, what="another poll")
+        for metric in ("staleness", "tokens_per_s", "loss", "kl", "entropy", "grad_norm"):
             assert points(metric) >= 2, metric
-        queue_lines = page.eval(
-            f"[...{card}.querySelectorAll('svg[data-metric=\"queues\"] polyline')].map(l => l.dataset.line)"
-        )
-        assert sorted(queue_lines) == ["experience", "prompts", "rollouts"]
-        assert page.eval("document.getElementById('error').textContent") == ""
+        wait_until(lambda: points("val_score") >= 1, timeout=30, what="a validation score point")
 
-        # Cancelling shows up on the page too.
+        # Every line runs forward in time (no point drawn twice, whatever polls overlap).
+        xs = page.eval(f"[...{card}.querySelectorAll('polyline')].map(l => l.getAttribute('points').split(' ').map(p => +p.split(',')[0]))")
+        assert all(a == sorted(a) for a in xs)
+
+        # Axes: y ticks (rounded numbers) and the unit; x ticks as times.
+        for metric, unit in (("staleness", "versions"), ("tokens_per_s", "tok/s"), ("entropy", "nats")):
+            def ticks(axis: str) -> list[str]:
+                return page.eval(f"[...{svg(metric)}.querySelectorAll('text[data-tick={axis}]')].map(t => t.textContent)")
+
+            assert page.eval(f"{svg(metric)}.querySelector('text.unit').textContent") == unit
+            times, numbers = ticks("x"), ticks("y")
+            assert len(times) >= 3 and all(re.fullmatch(r"\d\d:\d\d:\d\d(\.\d)?", t) for t in times), times
+            # y ticks: at least three, distinct, each no longer than its step needs (a "nice" 1-2-5 step)
+            assert len(numbers) >= 3 and len(set(numbers)) == len(numbers), numbers
+            values = [float(n.replace(",", "")) for n in numbers]
+            steps = {round(b - a, 9) for a, b in zip(values, values[1:])}
+            assert len(steps) == 1, numbers  # evenly spaced
+            step = steps.pop()
+            decimals = {len(n.split(".")[1]) if "." in n else 0 for n in numbers}
+            assert decimals == {max(0, -math.floor(math.log10(step) + 1e-9))}, numbers  # the step's digits, no float noise
+        # The last values are rounded to three significant digits and carry their unit.
+        last_tokens = page.eval(q('figure[data-metric="tokens_per_s"] .last') + ".textContent")
+        assert last_tokens.endswith(" tok/s") and _significant(last_tokens.split()[0]) <= 3, last_tokens
+        last_loss = page.eval(q('figure[data-metric="loss"] .last') + ".textContent")
+        assert last_loss and _significant(last_loss) <= 3, last_loss
+
+        # The queues: a line per stream, and a colour key whose colours are the lines'.
+        lines = page.eval(f"Object.fromEntries([...{svg('queues')}.querySelectorAll('polyline')]"
+                          ".map(l => [l.dataset.line, l.getAttribute('stroke')]))")  # fmt: skip
+        assert sorted(lines) == ["experience", "prompts", "rollouts"]
+        key = page.eval(f"Object.fromEntries([...{fig('queues', '.legend')}.querySelectorAll('span')]"
+                        ".map(s => [s.dataset.line, getComputedStyle(s.querySelector('i')).backgroundColor]))")  # fmt: skip
+        assert sorted(key) == sorted(lines) and len(set(key.values())) == 3
+
+        def hex_to_rgb(h: str) -> str:
+            return f"rgb({int(h[1:3], 16)}, {int(h[3:5], 16)}, {int(h[5:7], 16)})"
+
+        assert all(key[name] == hex_to_rgb(colour) for name, colour in lines.items())
+
+        # Hovering a chart shows the time and the value under the pointer, rounded, with its unit.
+        box = page.eval(f"(() => {{ const r = {svg('tokens_per_s')}.getBoundingClientRect();"
+                        " return [r.left, r.top, r.width, r.height]; })()")  # fmt: skip
+        page.mouse_move(box[0] + box[2] * 0.6, box[1] + box[3] / 2)
+        tip = wait_until(lambda: page.eval(f"(t => t.hidden ? '' : t.textContent)({fig('tokens_per_s', '.tip')})"),
+                         what="the hover box")  # fmt: skip
+        when, value = tip.split("\n")[:2]
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", when) and value.endswith(" tok/s") and _significant(value.split()[0]) <= 3, tip
+        assert page.eval(f"{svg('tokens_per_s')}.querySelectorAll('circle.hover').length") == 1
+
+        # Events: the job's life so far.
+        kinds = page.eval(f"[...{card}.querySelectorAll('.events li')].map(li => li.dataset.kind)")
+        assert kinds[:2] == ["submitted", "started"], kinds
+
+        # Logs: the driver's by default, then a service picked from the job's logs.
+        page.click(f'section.job[data-job-id="{job_id}"] details.logs summary')
+        wait_until(lambda: "fake job" in page.eval(q("pre.log") + ".textContent"), what="the driver's log")
+        options = wait_until(lambda: (o := page.eval(f"[...{q('details.logs select')}.options].map(o => o.value)")) and len(o) == 3 and o,
+                             what="the service list")  # fmt: skip
+        assert options == ["job", "rollout-0", "trainer"]
+        page.eval(f"(s => {{ s.value = 'trainer'; s.dispatchEvent(new Event('change')); }})({q('details.logs select')})")
+        wait_until(lambda: page.eval(q("pre.log") + ".dataset.service") == "trainer"
+                   and "trainer: step" in page.eval(q("pre.log") + ".textContent"), what="the trainer's log")  # fmt: skip
+        page.mouse_move(box[0] + box[2] * 0.6, box[1] + box[3] / 2)  # the hover box in the picture
+        page.screenshot(shots / "dashboard-running.png")
+
+        # Controls: only the buttons the state allows; pause, resume, cancel work from the page.
+        def visible_buttons() -> list[str]:
+            return page.eval(f"[...{card}.querySelectorAll('.actions button')].filter(b => !b.hidden).map(b => b.dataset.action)")
+
+        assert visible_buttons() == ["pause", "cancel"]
+        page.click(f'section.job[data-job-id="{job_id}"] button[data-action="pause"]')
+        wait_until(lambda: page.eval(f"{card}.dataset.state") == "paused", what="paused state")
+        wait_until(lambda: visible_buttons() == ["resume", "cancel"], what="resume button")
         with httpx.Client(base_url=gw.http_url, timeout=10) as c:
-            assert c.post(f"/v1/jobs/{job_id}:cancel", headers=auth()).status_code == 200
+            assert c.get(f"/v1/jobs/{job_id}", headers=auth()).json()["state"] == "paused"
+        page.screenshot(shots / "dashboard-paused.png")
+        xs = page.eval(f"[...{card}.querySelectorAll('polyline')].map(l => l.getAttribute('points').split(' ').map(p => +p.split(',')[0]))")
+        assert all(a == sorted(a) for a in xs), "a line runs back in time after a button's poll"
+        page.click(f'section.job[data-job-id="{job_id}"] button[data-action="resume"]')
+        wait_until(lambda: page.eval(f"{card}.dataset.state") == "running", what="resumed")
+        page.click(f'section.job[data-job-id="{job_id}"] button[data-action="cancel"]')
         wait_until(lambda: page.eval(f"{card}.dataset.state") == "cancelled", timeout=30, what="cancelled state")
+        wait_until(lambda: visible_buttons() == [], what="no buttons on a finished job")
+        with httpx.Client(base_url=gw.http_url, timeout=10) as c:
+            assert c.get(f"/v1/jobs/{job_id}", headers=auth()).json()["state"] == "cancelled"
+        wait_until(lambda: "cancelled" in page.eval(f"[...{card}.querySelectorAll('.events li')].map(li => li.dataset.kind)"),
+                   what="the cancelled event")  # fmt: skip
+        assert page.eval("document.getElementById('error').textContent") == ""
+        page.screenshot(shots / "dashboard-cancelled.png")
         page.close()
+    for name in ("dashboard-running.png", "dashboard-paused.png", "dashboard-cancelled.png"):
+        assert (shots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (shots / name).stat().st_size > 20_000
 
 
-def test_dashboard_with_a_wrong_token_asks_for_one(tmp_path):
-    with running_gateway(tmp_path, fake_launcher(), grpc=False) as gw, HeadlessChromium(tmp_path) as browser:
+def test_dashboard_with_a_wrong_token_says_so_not_no_jobs(tmp_path):
+    shots = _shots(tmp_path)
+    with running_gateway(tmp_path, fake_launcher(FAKE_STEPS=10_000), grpc=False) as gw, HeadlessChromium(tmp_path) as browser:
+        with httpx.Client(base_url=gw.http_url, timeout=10) as c:
+            c.post("/v1/jobs", json={"spec": VALID_SPEC}, headers=auth())
         page = browser.open(f"{gw.http_url}/dashboard?interval=200#token=wrong")
-        wait_until(lambda: page.eval("document.getElementById('login').hidden === false"), timeout=30, what="login box")
+        page.set_width()
+        wait_until(lambda: page.eval("document.body.dataset.auth") == "refused", timeout=30, what="refused state")
+        assert page.eval("document.getElementById('login').hidden") is False
         assert "refused" in page.eval("document.getElementById('error').textContent")
+        assert page.eval("document.getElementById('empty').hidden") is True  # never "no jobs yet"
         assert page.eval("document.querySelectorAll('section.job').length") == 0
+        page.screenshot(shots / "dashboard-wrong-token.png")
+        # Typing the right token shows the job.
+        page.eval(f"document.getElementById('token').value = {TOKEN!r}")
+        page.click("#login button")
+        wait_until(lambda: page.eval("document.querySelectorAll('section.job').length") == 1, what="the job after login")
+        assert page.eval("document.body.dataset.auth") == "ok" and page.eval("document.getElementById('login').hidden")
+        page.close()
+        # No token at all: asks for one, says nothing about jobs.
+        page = browser.open(f"{gw.http_url}/dashboard?interval=200&fresh=1")
+        page.eval("sessionStorage.clear()")
+        page.navigate(f"{gw.http_url}/dashboard?interval=200&fresh=2")
+        wait_until(lambda: page.eval("document.readyState === 'complete' && location.search.includes('fresh=2')"),
+                   what="reload")  # fmt: skip
+        wait_until(lambda: page.eval("document.body.dataset.auth") == "missing", what="missing-token state")
+        assert page.eval("document.getElementById('login').hidden") is False
+        assert page.eval("document.getElementById('empty').hidden") is True
+        assert "token" in page.eval("document.getElementById('error').textContent")
         page.close()
