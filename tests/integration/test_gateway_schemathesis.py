@@ -34,12 +34,16 @@ def test_no_request_gets_a_server_error(gateway, mode):
         job_id = c.post("/v1/jobs", json={"spec": VALID_SPEC}, headers=auth()).json()["id"]
     schema = schemathesis.openapi.from_url(gateway.http_url + "/openapi.json", wait_for_schema=10)
     operations = [r.ok() for r in schema.get_all_operations()]
-    assert len(operations) >= 11
+    assert len(operations) >= 13
+    assert {"/v1/jobs/{job_id}/logs", "/v1/jobs/{job_id}/events"} <= {op.path for op in operations}
     seen: dict[str, set[int]] = {}
     for op in operations:
         strategies = [op.as_strategy(mode)]
         if "{job_id}" in op.path:
-            strategies.append(op.as_strategy(mode, path_parameters={"job_id": job_id}))
+            # The real job runs for a long time: a followed log of it is bounded to 1 s, so a
+            # request never waits on the stream (every other parameter is still generated).
+            fixed = {"query": {"max_seconds": 1}} if op.path.endswith("/logs") else {}
+            strategies.append(op.as_strategy(mode, path_parameters={"job_id": job_id}, **fixed))
         for strategy in strategies:
 
             @given(case=strategy)
@@ -54,9 +58,11 @@ def test_no_request_gets_a_server_error(gateway, mode):
                 check()
             except Unsatisfiable:  # nothing invalid to send (an operation without inputs)
                 assert mode is schemathesis.GenerationMode.NEGATIVE, op.path
+    print(f"{mode.value}: " + "; ".join(f"{k} -> {sorted(v)}" for k, v in sorted(seen.items())))
     # The fuzzer reached every operation (with inputs, in negative mode), and some requests were refused.
     if mode is schemathesis.GenerationMode.POSITIVE:
         assert len(seen) == len(operations)
     else:
-        assert {"POST /v1/jobs", "GET /v1/jobs", "GET /v1/jobs/{job_id}/metrics"} <= set(seen)
+        assert {"POST /v1/jobs", "GET /v1/jobs", "GET /v1/jobs/{job_id}/metrics", "GET /v1/jobs/{job_id}/logs",
+                "GET /v1/jobs/{job_id}/events"} <= set(seen)  # fmt: skip
     assert any(400 <= code < 500 for codes in seen.values() for code in codes)
