@@ -22,24 +22,23 @@ def stub(tmp_path_factory):
 
 def _code(fn, request, metadata=META):
     with pytest.raises(grpc.RpcError) as err:
-        fn(request, metadata=metadata, timeout=10)
+        reply = fn(request, metadata=metadata, timeout=10)
+        if hasattr(reply, "__next__"):  # a server stream: the status comes with the first read
+            list(reply)
     return err.value.code(), err.value.details()
 
 
 @pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer nope"),), (("authorization", TOKEN),)])
 def test_every_rpc_refuses_missing_or_wrong_token(stub, metadata):
-    calls = [
-        (stub.SubmitJob, job_pb2.JobSubmitRequest(spec_yaml=VALID_SPEC_YAML)),
-        (stub.ListJobs, job_pb2.JobListRequest()),
-        (stub.GetJob, job_pb2.JobIdRequest(id="x")),
-        (stub.CancelJob, job_pb2.JobIdRequest(id="x")),
-        (stub.PauseJob, job_pb2.JobIdRequest(id="x")),
-        (stub.ResumeJob, job_pb2.JobIdRequest(id="x")),
-        (stub.GetJobMetrics, job_pb2.JobMetricsRequest(id="x")),
-    ]
-    for fn, req in calls:
-        code, details = _code(fn, req, metadata)
-        assert code is grpc.StatusCode.UNAUTHENTICATED, details
+    methods = job_pb2.DESCRIPTOR.services_by_name["JobService"].methods
+    assert {m.name for m in methods} >= {"SubmitJob", "GetJobEvents", "GetJobLogs"}
+    for method in methods:  # every RPC the proto declares, so a new one cannot be left open
+        request_cls = getattr(job_pb2, method.input_type.name)
+        request = request_cls(spec_yaml=VALID_SPEC_YAML) if method.name == "SubmitJob" else request_cls()
+        if "id" in request_cls.DESCRIPTOR.fields_by_name:
+            request.id = "x"
+        code, details = _code(getattr(stub, method.name), request, metadata)
+        assert code is grpc.StatusCode.UNAUTHENTICATED, (method.name, details)
 
 
 def test_bad_input_maps_to_clear_status_codes(stub):
@@ -52,6 +51,13 @@ def test_bad_input_maps_to_clear_status_codes(stub):
     assert _code(stub.ListJobs, job_pb2.JobListRequest(limit=5000))[0] is grpc.StatusCode.INVALID_ARGUMENT
     nan = job_pb2.JobMetricsRequest(id="x", since=float("nan"))
     assert _code(stub.GetJobMetrics, nan)[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(stub.GetJobEvents, job_pb2.JobEventsRequest(id="x", since=float("nan")))[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(stub.GetJobEvents, job_pb2.JobEventsRequest(id="x", limit=20_000))[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(stub.GetJobEvents, job_pb2.JobEventsRequest(id="missing-1"))[0] is grpc.StatusCode.NOT_FOUND
+    assert _code(stub.GetJobLogs, job_pb2.JobLogsRequest(id="x", tail=20_000))[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(stub.GetJobLogs, job_pb2.JobLogsRequest(id="x", max_seconds=-1))[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(stub.GetJobLogs, job_pb2.JobLogsRequest(id="x", max_seconds=float("nan")))[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(stub.GetJobLogs, job_pb2.JobLogsRequest(id="missing-1"))[0] is grpc.StatusCode.NOT_FOUND
 
 
 def test_job_lifecycle_over_grpc(stub):
