@@ -222,9 +222,16 @@ class RolloutEngine:
             return Sample(prompt_ids=[], policy_version=self.version, finish_reason="error", error=err)
         return await self._generate_checked([int(t) for t in prompt_ids], sampling, sample_id)
 
-    async def _generate_checked(self, ids: list[int], sampling: SamplingConfig, sample_id: str) -> Sample:
-        """``generate_one`` for a prompt ``check_prompt`` accepted (``ids``: a list of ints)."""
-        params = self.sampling_params(sampling, self.sample_seed(sample_id))
+    async def _generate_checked(
+        self, ids: list[int], sampling: SamplingConfig, sample_id: str, *, max_tokens: int | None = None,
+        seed_key: str | None = None,
+    ) -> Sample:
+        """``generate_one`` for a prompt ``check_prompt`` accepted (``ids``: a list of ints).
+        ``max_tokens`` caps this request (default ``response_length``); ``seed_key`` replaces
+        ``sample_id`` in the seed (the agent loop seeds each turn of a trajectory on its own)."""
+        params = self.sampling_params(sampling, self.sample_seed(seed_key or sample_id))
+        if max_tokens is not None:
+            params.max_tokens = int(max_tokens)
         request_id = f"{sample_id}#{self._request_prefix}-{next(self._request_seq)}"
         version = self.version
         self.in_flight += 1

@@ -80,6 +80,15 @@ def _column_value(col: np.ndarray | None, i: int) -> Any:
     return None if col is None else col[i]
 
 
+def _pack_agent(pack_trajectories):
+    """``pack_group``'s signature for trajectories (their masks come from the turns, not eos)."""
+
+    def pack(samples, *, eos_token_ids=None, **kwargs):
+        return pack_trajectories(samples, **kwargs)
+
+    return pack
+
+
 class Replica:
     """One rollout replica's generation logic and stream loop.
 
@@ -100,8 +109,10 @@ class Replica:
         prompts=None,
         rollouts=None,
         metrics: RolloutMetrics | None = None,
+        agent=None,
     ) -> None:
         self.engine = engine
+        self.agent = agent  # rollout_svc.agent.loop.AgentLoop when rollout.multi_turn.enable
         self.cfg = cfg
         self.name = name
         self.prompts = prompts
@@ -149,6 +160,10 @@ class Replica:
             from rollout_svc.packing import Sample
 
             samples = [Sample(prompt_ids=[], policy_version=self.engine.version, finish_reason="error", error=err)] * n
+        elif self.agent is not None:
+            extra = _column_value(nt.get("extra_info"), i)
+            tools_kwargs = extra.get("tools_kwargs") if isinstance(extra, dict) else None
+            samples = await self.agent.run_group(prompt, sampling, sample_ids, tools_kwargs)
         else:
             samples = await self.engine.generate_group(prompt, sampling, sample_ids)
         gen_s = time.perf_counter() - t0
@@ -163,7 +178,13 @@ class Replica:
         if "uid" not in cols:
             cols["uid"] = np.array([uid] * n, dtype=object)
         versions = [s.policy_version for s in samples]
-        out = pack_group(
+        pack = pack_group
+        if self.agent is not None:
+            from rollout_svc.agent.trajectory import Trajectory, pack_trajectories
+
+            samples = [s if isinstance(s, Trajectory) else Trajectory(**vars(s)) for s in samples]
+            pack = _pack_agent(pack_trajectories)
+        out = pack(
             samples,
             prompt_length=self.cfg.prompt_length,
             response_length=self.cfg.response_length,
@@ -184,6 +205,13 @@ class Replica:
                 },
             },
         )
+        if self.agent is not None:
+            out.meta_info["metrics"].update({
+                "agent/turns_mean": float(np.mean([s.assistant_turns for s in samples])),
+                "agent/tool_calls": int(sum(s.tool_calls for s in samples)),
+                "agent/tool_errors": int(sum(s.tool_errors for s in samples)),
+                "agent/tool_latency_s": float(sum(s.tool_latency_s for s in samples)),
+            })
         n_tok = int(out.batch["response_mask"].sum())
         n_err = sum(1 for s in samples if s.error)
         self.metrics.observe_group(tokens=n_tok, errors=n_err, generate_s=gen_s)

@@ -30,7 +30,12 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
 
         prompts = make_queue(settings.queues, stream="prompts", group="rollout", consumer=name)
         rollouts = make_queue(settings.queues, stream="rollouts", group="rollout", consumer=name)
-    replica = Replica(engine, cfg, name=name, prompts=prompts, rollouts=rollouts, metrics=metrics)
+    agent = None
+    if cfg.multi_turn.enable:
+        from rollout_svc.agent.loop import AgentLoop
+
+        agent = AgentLoop(engine, cfg, registry=metrics.registry)
+    replica = Replica(engine, cfg, name=name, prompts=prompts, rollouts=rollouts, metrics=metrics, agent=agent)
     http = MetricsServer(
         metrics.registry, host=cfg.host, port=cfg.metrics_port, ready=lambda: engine.healthy, status=replica.status
     ).start()
@@ -42,6 +47,8 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
     tasks: list[asyncio.Task] = []
     try:
         await engine.start()
+        if agent is not None:
+            await agent.start()
         grpc_server, grpc_port = await start_grpc_server(replica, cfg.host, cfg.grpc_port)
         if prompts is not None:
             tasks.append(asyncio.create_task(replica.run(stop), name="stream-loop"))
@@ -65,6 +72,8 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
         for q in (prompts, rollouts):
             if q is not None:
                 await q.close()
+        if agent is not None:
+            await agent.close()
         engine.shutdown()
         http.stop()
 

@@ -106,13 +106,16 @@ def worker_env(parent: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-class _Worker:
-    """One worker process and its pipes."""
+class SandboxProcess:
+    """One sandboxed worker process and its pipes: ``python -m <module>`` in its own process
+    group, with the scrubbed environment; sends ``init`` and waits (``start_timeout_s``) for
+    ``{"op": "ready"}``. Shared by the reward pool and the rollout's tool sandboxes."""
 
-    def __init__(self, spec: SandboxSpec) -> None:
+    def __init__(self, module: str, init: dict[str, Any], *, max_reply_bytes: int, start_timeout_s: float,
+                 what: str = "sandbox worker", loading: str = "its code") -> None:
         env = worker_env(os.environ)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reward_svc.sandbox.worker"],
+            [sys.executable, "-m", module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,
@@ -120,25 +123,18 @@ class _Worker:
             start_new_session=True,  # its own process group: we kill it and anything it forked
             close_fds=True,
         )
-        self.reader = Reader(self.proc.stdout.fileno(), spec.max_result_bytes)
+        self.reader = Reader(self.proc.stdout.fileno(), max_reply_bytes)
         self.network = "?"
-        init = {
-            "op": "init",
-            "path": spec.path,
-            "name": spec.name,
-            "kwargs": spec.kwargs,
-            "memory_limit_mb": spec.memory_limit_mb,
-            "allow_network": spec.allow_network,
-        }
         try:
             self.send(init)
-            msg = self.reader.read(time.monotonic() + spec.start_timeout_s)
+            msg = self.reader.read(time.monotonic() + start_timeout_s)
         except (ChannelClosed, ChannelTimeout, ChannelError, OSError) as exc:
             self.kill()
-            raise SandboxStartError(f"reward worker did not start: {type(exc).__name__}: {exc}") from None
+            raise SandboxStartError(f"{what} did not start: {type(exc).__name__}: {exc}") from None
         if msg.get("op") != "ready":
             self.kill()
-            raise SandboxStartError(f"reward worker failed to load the function: {msg.get('error', msg)}")
+            raise SandboxStartError(f"{what} failed to load {loading}: {msg.get('error', msg)}")
+        self.ready = msg
         self.network = str(msg.get("network"))
         self.pid = self.proc.pid
 
@@ -161,6 +157,22 @@ class _Worker:
                 f.close()
             except OSError:
                 pass
+
+
+class _Worker(SandboxProcess):
+    """One reward worker process."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        init = {
+            "op": "init",
+            "path": spec.path,
+            "name": spec.name,
+            "kwargs": spec.kwargs,
+            "memory_limit_mb": spec.memory_limit_mb,
+            "allow_network": spec.allow_network,
+        }
+        super().__init__("reward_svc.sandbox.worker", init, max_reply_bytes=spec.max_result_bytes,
+                         start_timeout_s=spec.start_timeout_s, what="reward worker", loading="the function")
 
 
 def _failure(exc: BaseException, what: str, proc: subprocess.Popen | None) -> CallResult:

@@ -109,21 +109,45 @@ def _call_one(fn: Any, kwargs: dict[str, Any], extra_kwargs: dict[str, Any]) -> 
     return {"ok": True, "result": result}
 
 
-def main() -> int:
+def take_protocol_fds() -> tuple[int, int]:
+    """Move the protocol pipes (stdin/stdout) to private descriptors, point fd 1 at stderr
+    (user ``print`` cannot corrupt the protocol) and fd 0 at /dev/null; arrange to die with
+    the parent. Returns ``(fd_in, fd_out)``. Shared by every sandbox worker (also tools')."""
     proto_in = os.dup(0)
     proto_out = os.dup(1)
     os.dup2(2, 1)  # user print() goes to stderr, never into the protocol
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     _die_with_parent()
+    return proto_in, proto_out
+
+
+def harden(memory_limit_mb: int, allow_network: bool) -> str:
+    """Apply the sandbox limits to this process: ``RLIMIT_AS``, no core dumps, and the
+    network cut unless allowed. Returns the network mode (``allowed``/``netns``/``audit-hook``)."""
+    _limit_memory(int(memory_limit_mb))
+    return "allowed" if allow_network else _block_network()
+
+
+def reply(fd: int, msg: dict[str, Any]) -> None:
+    """Send one message to the service (numpy values made plain; unencodable -> ``invalid``)."""
+    _reply(fd, msg)
+
+
+def error_reply(exc: BaseException) -> dict[str, Any]:
+    """The ``{"ok": false, "kind", "error"}`` answer for an exception raised by user code."""
+    return _error(exc)
+
+
+def main() -> int:
+    proto_in, proto_out = take_protocol_fds()
     reader = Reader(proto_in, _MAX_IN_BYTES)
     try:
         init = reader.read(None)
     except ChannelClosed:
         return 0
     try:
-        _limit_memory(int(init["memory_limit_mb"]))
-        network = "allowed" if init.get("allow_network") else _block_network()
+        network = harden(int(init["memory_limit_mb"]), bool(init.get("allow_network")))
         if init.get("path"):
             from reward_svc.loader import load_function
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from services.config.agent import MultiTurnConfig
 from services.config.base import StrictModel
 
 
@@ -105,6 +106,11 @@ class RolloutConfig(SamplingConfig):
     )
     weight_update_timeout_s: float = Field(
         300.0, gt=0, le=86_400, description="deadline for loading one version into the engine"
+    )
+
+    # --- agentic rollouts (verl: rollout.multi_turn) -----------------------------------------
+    multi_turn: MultiTurnConfig = Field(
+        default_factory=MultiTurnConfig, description="multi-turn trajectories with tool calls (docs/agent.md)"
     )
 
     # --- surface ----------------------------------------------------------------------------------

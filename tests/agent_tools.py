@@ -1,0 +1,99 @@
+"""Tool classes for the agent tests (imported by dotted path inside sandbox workers)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rollout_svc.agent.parsers import ParsedTurn, ToolCall, ToolCallParser
+from rollout_svc.tools import Tool
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": name,
+                                             "parameters": {"type": "object", "properties": {}}}}
+
+
+class Echo(Tool):
+    """Answers ``echo:<n>`` where n counts the calls of this instance; rewards 0.5 per call."""
+
+    schema = _schema("echo")
+
+    def __init__(self, config=None, schema=None):
+        super().__init__(config, schema)
+        self.calls: dict[str, int] = {}
+
+    def create(self, instance_id, **kw):
+        self.calls[instance_id] = int(kw.get("start", 0))
+
+    def execute(self, instance_id, arguments, **kw):
+        self.calls[instance_id] += 1
+        return {"text": f"echo:{self.calls[instance_id]}", "metrics": {"n": self.calls[instance_id]}}
+
+    def reward(self, instance_id, **kw):
+        return 0.5 * self.calls.get(instance_id, 0)
+
+    def release(self, instance_id, **kw):
+        self.calls.pop(instance_id, None)
+
+
+class Raises(Tool):
+    schema = _schema("raises")
+
+    def execute(self, instance_id, arguments, **kw):
+        raise RuntimeError("boom from the tool")
+
+
+class Hangs(Tool):
+    schema = _schema("hangs")
+
+    def execute(self, instance_id, arguments, **kw):
+        while True:
+            time.sleep(1)
+
+
+class Huge(Tool):
+    schema = _schema("huge")
+
+    def execute(self, instance_id, arguments, **kw):
+        return "x" * (8 << 20)  # 8 MB
+
+
+class WaitsForFile(Tool):
+    """Returns once the file named in ``config.path`` exists (the test creates it)."""
+
+    schema = _schema("wait")
+
+    def execute(self, instance_id, arguments, **kw):
+        path = self.config["path"]
+        while not os.path.exists(path):
+            time.sleep(0.05)
+        return "done"
+
+
+class NetworkProbe(Tool):
+    schema = _schema("net")
+
+    def execute(self, instance_id, arguments, **kw):
+        import socket
+
+        s = socket.socket()
+        s.settimeout(2)
+        try:
+            s.connect(("1.1.1.1", 53))
+            return "connected"
+        finally:
+            s.close()
+
+
+class CallOnce(ToolCallParser):
+    """Calls ``echo`` on every turn; pair with ``max_assistant_turns``."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        return ParsedTurn(content=text, calls=[ToolCall("echo", {})])
+
+
+class CallWait(ToolCallParser):
+    def parse(self, text: str) -> ParsedTurn:
+        return ParsedTurn(content=text, calls=[ToolCall("wait", {})])

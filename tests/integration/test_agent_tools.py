@@ -1,0 +1,128 @@
+"""Tool sandboxes with real worker processes: lifecycle, and tools that raise, hang,
+return megabytes, crash or use the network. No vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from reward_svc.sandbox.pool import SandboxStartError
+from rollout_svc.tools.sandbox import ToolSandbox
+from services.config.agent import MultiTurnConfig, ToolSpec
+
+DEADLINE = 60
+
+
+def spec(cls: str, **kw) -> ToolSpec:
+    kw.setdefault("num_workers", 1)
+    kw.setdefault("timeout_s", 3.0)
+    return ToolSpec(class_name=f"tests.agent_tools.{cls}", **kw)
+
+
+async def _with_box(s: ToolSpec, fn):
+    box = await ToolSandbox(s).start()
+    try:
+        return await asyncio.wait_for(fn(box), DEADLINE)
+    finally:
+        await box.close()
+
+
+async def test_lifecycle_state_and_reward() -> None:
+    async def body(box: ToolSandbox):
+        assert box.name == "echo" and box.schema["function"]["name"] == "echo"
+        assert box.network in ("netns", "audit-hook")
+        box.open("t1", {"start": 10})
+        box.open("t2")
+        r = [await box.call("execute", "t1", args={}) for _ in range(2)]
+        assert [x.result["text"] for x in r] == ["echo:11", "echo:12"] and all(x.ok for x in r)
+        assert (await box.call("execute", "t2", args={})).result["text"] == "echo:1"
+        assert (await box.call("reward", "t1")).result == 6.0
+        assert (await box.release("t1")).ok
+        # t2 keeps its own state
+        assert (await box.call("execute", "t2", args={})).result["text"] == "echo:2"
+
+    await _with_box(spec("Echo", num_workers=2), body)
+
+
+async def test_a_tool_that_raises_gives_an_error_and_keeps_serving() -> None:
+    async def body(box):
+        r = await box.call("execute", "t", args={})
+        assert not r.ok and r.kind == "exception" and "boom from the tool" in r.error
+        r2 = await box.call("execute", "t", args={})
+        assert not r2.ok and r2.kind == "exception" and box.restarts == 0
+
+    await _with_box(spec("Raises"), body)
+
+
+async def test_a_tool_that_hangs_is_killed_at_its_deadline_and_replaced() -> None:
+    async def body(box):
+        pid = box._slots[0].proc.pid
+        r = await box.call("execute", "t", args={})
+        assert not r.ok and r.kind == "timeout" and "deadline" in r.error
+        assert 1.0 <= r.latency_s < 30
+        assert box.restarts == 1 and box._slots[0].proc.pid != pid
+        r = await box.call("execute", "t", args={})  # the instance is re-created in the new worker
+        assert r.kind == "timeout"
+
+    await _with_box(spec("Hangs", timeout_s=1.0), body)
+
+
+async def test_a_tool_that_returns_megabytes_gets_an_error_and_the_worker_is_replaced() -> None:
+    async def body(box):
+        r = await box.call("execute", "t", args={})
+        assert not r.ok and r.kind == "too_large" and "65536 bytes" in r.error
+        assert box.restarts == 1
+
+    await _with_box(spec("Huge", max_result_bytes=65536), body)
+
+
+async def test_state_lost_with_a_replaced_worker_is_recreated() -> None:
+    async def body(box):
+        box.open("t", {"start": 5})
+        assert (await box.call("execute", "t", args={})).result["text"] == "echo:6"
+        box._slots[0].proc.kill()  # the worker dies between calls
+        r = await box.call("execute", "t", args={})
+        assert r.ok and r.result["text"] == "echo:6"  # re-created from its create_kwargs
+        assert box.restarts == 1
+
+    await _with_box(spec("Echo"), body)
+
+
+async def test_no_network_unless_allowed() -> None:
+    async def body(box):
+        r = await box.call("execute", "t", args={})
+        assert not r.ok and r.kind == "exception"
+
+    await _with_box(spec("NetworkProbe"), body)
+
+
+async def test_many_concurrent_calls_nothing_hangs() -> None:
+    async def body(box):
+        for i in range(16):
+            box.open(f"t{i}")
+        rs = await asyncio.gather(*(box.call("execute", f"t{i}", args={}) for i in range(16)))
+        assert all(r.ok and r.result["text"] == "echo:1" for r in rs)
+
+    await _with_box(spec("Echo", num_workers=3), body)
+
+
+async def test_bad_class_fails_at_start_with_the_reason() -> None:
+    with pytest.raises(SandboxStartError, match="not a subclass"):
+        await ToolSandbox(ToolSpec(class_name="tests.agent_tools.CallOnce", num_workers=1)).start()
+    with pytest.raises(SandboxStartError, match="No module named"):
+        await ToolSandbox(ToolSpec(class_name="no_such_pkg_xyz.Tool", num_workers=1)).start()
+
+
+def test_config_errors_name_the_key(tmp_path) -> None:
+    with pytest.raises(ValueError, match="needs at least one tool"):
+        MultiTurnConfig(enable=True)
+    with pytest.raises(ValueError, match="class_name"):
+        ToolSpec(class_name="not a path")
+    f = tmp_path / "tools.yaml"
+    f.write_text("tools:\n  - class_name: tests.agent_tools.Echo\n    config: {}\n")
+    mt = MultiTurnConfig(enable=True, tool_config_path=str(f), tools=[spec("Raises")])
+    assert [t.class_name for t in mt.all_tools()] == ["tests.agent_tools.Raises", "tests.agent_tools.Echo"]
+    f.write_text("tools:\n  - class_nam: x.Y\n")
+    with pytest.raises(ValueError, match=r"tool_config_path: tools\[0\]"):
+        MultiTurnConfig(enable=True, tool_config_path=str(f)).all_tools()
