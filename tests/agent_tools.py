@@ -97,3 +97,11 @@ class CallOnce(ToolCallParser):
 class CallWait(ToolCallParser):
     def parse(self, text: str) -> ParsedTurn:
         return ParsedTurn(content=text, calls=[ToolCall("wait", {})])
+
+
+class CallAllFailing(ToolCallParser):
+    """Every turn calls the three failing tools and one that does not exist."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        return ParsedTurn(content=text, calls=[ToolCall("raises", {}), ToolCall("hangs", {}), ToolCall("huge", {}),
+                                               ToolCall("nope", {})])
