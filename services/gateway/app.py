@@ -52,8 +52,31 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 JobId = Annotated[str, Path(min_length=1, max_length=128, description="job id from `POST /v1/jobs`")]
 
 
+class AccessLogFile:
+    """Appends timestamped lines to a file (line-buffered, thread-safe) and to the
+    ``meshrl.gateway.access`` logger; shared by the REST and gRPC front ends."""
+
+    def __init__(self, path: FilePath | None) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._f = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (lives as long as the gateway)
+
+    def __call__(self, line: str) -> None:
+        access_log.info(line)
+        if self._f is not None:
+            with self._lock:
+                self._f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {line}\n")
+
+    def close(self) -> None:
+        if self._f is not None:
+            with self._lock:
+                self._f.close()
+                self._f = None
+
+
 def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway",
-               access_log_file: FilePath | None = None) -> FastAPI:  # fmt: skip
+               access_log_file: "FilePath | AccessLogFile | None" = None) -> FastAPI:  # fmt: skip
     """The FastAPI application over ``manager``, guarded by ``token``; every request is logged
     to ``meshrl.gateway.access`` and appended to ``access_log_file`` when given."""
     if not token:
@@ -78,7 +101,7 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
         redoc_url=None,
     )
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")
-    log_file = open(access_log_file, "a", buffering=1) if access_log_file else None  # noqa: SIM115 (app-long)
+    write = access_log_file if isinstance(access_log_file, AccessLogFile) else AccessLogFile(access_log_file)
 
     @app.middleware("http")
     async def _access(request: Request, call_next: Any) -> Response:
@@ -92,9 +115,7 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
             client = request.client.host if request.client else "-"
             line = (f'{client} "{request.method} {request.url.path}" {status} '
                     f"{(time.perf_counter() - t0) * 1000:.1f}ms")  # fmt: skip
-            access_log.info(line)
-            if log_file is not None:
-                log_file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {line}\n")
+            write(line)
 
     @app.get("/docs", include_in_schema=False)
     def swagger() -> HTMLResponse:

@@ -10,6 +10,8 @@ FAILED_PRECONDITION (state does not allow it).
 from __future__ import annotations
 
 import hmac
+import logging
+import time
 from concurrent import futures
 from typing import Any, Callable
 
@@ -151,11 +153,63 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
             yield job_pb2.JobLogChunk(data=data)
 
 
+class AccessLog(grpc.ServerInterceptor):
+    """One access-log line per call: peer, method, status code, milliseconds (never the request)."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self._write = write
+
+    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001 (gRPC API)
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+
+        def line(context: grpc.ServicerContext, t0: float, failed: bool) -> None:
+            code = context.code() or (grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK)
+            name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+            self._write(f'{context.peer()} "GRPC {method}" {name} {(time.perf_counter() - t0) * 1000:.1f}ms')
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            def unary(request, context):  # noqa: ANN001
+                t0, failed = time.perf_counter(), True
+                try:
+                    reply = inner(request, context)
+                    failed = False
+                    return reply
+                finally:
+                    line(context, t0, failed)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+            )
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            def stream(request, context):  # noqa: ANN001
+                t0, failed = time.perf_counter(), True
+                try:
+                    yield from inner_stream(request, context)
+                    failed = False
+                finally:
+                    line(context, t0, failed)
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+            )
+        return handler
+
+
 def start_grpc(
-    manager: JobManager, token: str, *, host: str = "127.0.0.1", port: int = 0, workers: int = 8
+    manager: JobManager, token: str, *, host: str = "127.0.0.1", port: int = 0, workers: int = 8,
+    access_log: Callable[[str], None] | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start a JobService server; return it and the bound port."""
+    """Start a JobService server; return it and the bound port. ``access_log`` gets one line per call."""
+    log = logging.getLogger("meshrl.gateway.access")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jobservice"),
+                         interceptors=[AccessLog(access_log or log.info)],
                          options=[("grpc.so_reuseport", 0)])  # never share a port silently
     job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(manager, token), server)
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -165,4 +219,4 @@ def start_grpc(
     return server, bound
 
 
-__all__ = ["JobServicer", "start_grpc"]
+__all__ = ["AccessLog", "JobServicer", "start_grpc"]

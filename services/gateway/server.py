@@ -62,8 +62,10 @@ class Gateway:
             poll_interval=settings.poll_interval, cancel_timeout=settings.cancel_timeout,
             max_running_jobs=settings.max_running_jobs,
         )  # fmt: skip
-        self.app = create_app(self.manager, settings.token,
-                              access_log_file=settings.access_log or runs / "gateway-access.log")  # fmt: skip
+        from services.gateway.app import AccessLogFile
+
+        self.access_log = AccessLogFile(settings.access_log or runs / "gateway-access.log")
+        self.app = create_app(self.manager, settings.token, access_log_file=self.access_log)
         config = uvicorn.Config(
             self.app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=5,
@@ -96,7 +98,8 @@ class Gateway:
         self.manager.start()
         if self.settings.grpc_port is not None:
             self._grpc, self.grpc_port = start_grpc(
-                self.manager, self.settings.token, host=self.settings.host, port=self.settings.grpc_port
+                self.manager, self.settings.token, host=self.settings.host, port=self.settings.grpc_port,
+                access_log=self.access_log,
             )
         self._http_thread = threading.Thread(target=self._uvicorn.run, name="gateway-http", daemon=True)
         self._http_thread.start()
@@ -137,3 +140,4 @@ class Gateway:
         if self._grpc is not None:
             self._grpc.stop(grace=2).wait(timeout=5)
         self.manager.close()
+        self.access_log.close()

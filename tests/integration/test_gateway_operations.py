@@ -113,12 +113,16 @@ def test_events_record_a_job_life_including_a_service_restart(tmp_path):
         with pytest.raises(grpc.RpcError) as err:
             stub.GetJobEvents(job_pb2.JobEventsRequest(id=job["id"]), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # gRPC calls are in the access log too, with their status code.
+        log = wait_until(lambda: (t := (tmp_path / "runs" / "gateway-access.log").read_text())
+                         and "GetJobEvents\" UNAUTHENTICATED" in t and t, what="gRPC access lines")  # fmt: skip
+        assert '"GRPC /meshrl.v1.JobService/GetJobEvents" OK' in log and TOKEN not in log
 
 
 def test_max_running_jobs_queues_submits_first_in_first_out(tmp_path):
     from services.gateway.server import Gateway, GatewaySettings
 
-    launcher = fake_launcher(FAKE_STEPS=6, FAKE_INTERVAL=0.15)
+    launcher = fake_launcher(FAKE_STEPS=25, FAKE_INTERVAL=0.15)  # long enough to see the others wait
     settings = GatewaySettings(token=TOKEN, port=0, grpc_port=None, runs_dir=tmp_path / "runs", poll_interval=0.1,
                                cancel_timeout=2.0, max_running_jobs=1)  # fmt: skip
     gw = Gateway(settings, launcher=launcher).start()
@@ -138,7 +142,7 @@ def test_max_running_jobs_queues_submits_first_in_first_out(tmp_path):
                 return c.get(f"/v1/jobs/{ids[i]}", headers=auth()).json()["state"]
 
             running_at_once = set()
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 90
             while state(1) != "succeeded" and time.monotonic() < deadline:
                 now = [i for i in range(3) if state(i) in ("running", "paused")]
                 running_at_once.add(len(now))
