@@ -258,4 +258,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from services import auth
+
+    auth.provision_temporary()  # this run is a job of its own: its servers and clients share one credential
     sys.exit(main())

@@ -320,4 +320,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from services import auth
+
+    auth.provision_temporary()  # this run is a job of its own: its servers and clients share one credential
     main()

@@ -233,7 +233,9 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
 
         from services.pb import rollout_pb2, rollout_pb2_grpc
 
-        with grpc.insecure_channel(f"127.0.0.1:{info['grpc_port']}") as ch:
+        from services import auth
+
+        with auth.channel(f"127.0.0.1:{info['grpc_port']}", auth.current()) as ch:
             st = rollout_pb2_grpc.RolloutServiceStub(ch).Status(rollout_pb2.RolloutStatusRequest(), timeout=30)
         print(f"weight update: v{st.served_version} loaded in {st.last_weight_load_s:.3f}s "
               f"({report.tensor_bytes / 1e6:.1f} MB, transfer {report.seconds:.3f}s)", flush=True)
@@ -310,4 +312,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from services import auth
+
+    auth.provision_temporary()  # this run is a job of its own: its servers and clients share one credential
     sys.exit(main())

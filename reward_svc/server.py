@@ -25,6 +25,7 @@ from reward_svc.decode import Decoder
 from reward_svc.manager import MalformedBatchError, RewardManager, ScoreReport
 from reward_svc.metrics import RewardMetrics
 from reward_svc.sandbox.pool import SandboxPool, SandboxSpec
+from services import auth
 from services.config.reward import RewardConfig
 from services.metrics import MetricsServer
 
@@ -52,8 +53,10 @@ def sandbox_spec(cfg: RewardConfig) -> SandboxSpec:
 class RewardServer:
     """One reward service instance (see module doc)."""
 
-    def __init__(self, cfg: RewardConfig, decoder: Decoder, *, queue_cfg: Any = None, consumer: str = "reward-0") -> None:
+    def __init__(self, cfg: RewardConfig, decoder: Decoder, *, queue_cfg: Any = None, consumer: str = "reward-0",
+                 credential: auth.JobCredential | None = None) -> None:
         self.cfg = cfg
+        self.credential = credential  # None: the process's job credential, resolved when gRPC starts
         self.queue_cfg = queue_cfg
         self.consumer = consumer
         self.metrics = RewardMetrics()
@@ -101,9 +104,12 @@ class RewardServer:
             from services.queues import make_queue
 
             self._inq = make_queue(
-                self.queue_cfg, stream=self.cfg.input_stream, group=self.cfg.consumer_group, consumer=self.consumer
+                self.queue_cfg, stream=self.cfg.input_stream, group=self.cfg.consumer_group, consumer=self.consumer,
+                credential=self.credential if self.queue_cfg.type == "embedded" else None,
             )
-            self._outq = make_queue(self.queue_cfg, stream=self.cfg.output_stream, group=self.cfg.output_group, consumer=self.consumer)
+            self._outq = make_queue(self.queue_cfg, stream=self.cfg.output_stream, group=self.cfg.output_group,
+                                    consumer=self.consumer,
+                                    credential=self.credential if self.queue_cfg.type == "embedded" else None)
             await self._inq.depth()  # fail fast if the backend is unreachable
 
     async def stop(self) -> None:
@@ -308,7 +314,8 @@ class RewardServer:
             ("grpc.max_send_message_length", self.cfg.grpc_max_message_bytes),
             ("grpc.so_reuseport", 0),  # never share a port with another server silently
         ]
-        self.grpc_server = grpc.aio.server(options=opts)
+        credential = auth.resolve(self.credential)  # every call must carry the job's credential
+        self.grpc_server = grpc.aio.server(options=opts, interceptors=[credential.aio_server_interceptor()])
         reward_pb2_grpc.add_RewardServiceServicer_to_server(_Servicer(self), self.grpc_server)
         port = self.grpc_server.add_insecure_port(f"{self.cfg.host}:{self.cfg.grpc_port}")
         if port == 0:

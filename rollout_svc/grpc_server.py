@@ -12,6 +12,7 @@ import grpc
 
 from rollout_svc.engine import EngineDeadError
 from rollout_svc.replica import Replica
+from services import auth
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +61,16 @@ def make_servicer(replica: Replica):
     return Servicer()
 
 
-async def start_grpc_server(replica: Replica, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Start the server on ``host:port`` (0 = free port); returns ``(server, bound_port)``."""
+async def start_grpc_server(replica: Replica, host: str, port: int,
+                            credential: auth.JobCredential | None = None) -> tuple[grpc.aio.Server, int]:
+    """Start the server on ``host:port`` (0 = free port); returns ``(server, bound_port)``.
+
+    Every call must carry ``credential`` (default: the process's job credential)."""
     from services.pb import rollout_pb2_grpc
 
+    credential = auth.resolve(credential)
     server = grpc.aio.server(
+        interceptors=[credential.aio_server_interceptor()],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

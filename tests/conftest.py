@@ -4,8 +4,29 @@ Fixtures live in ``tests/fixtures/<topic>.py`` (one module per real server or ar
 they provide) and are registered here as plugins, so every test can use them.
 """
 
+import shutil
+import tempfile
+from pathlib import Path
+
 pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.broker",
     "tests.fixtures.tiny_model",
 ]
+
+_credential_dir: str | None = None
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook
+    """The test session is one job: every internal gRPC server and client it starts (and
+    every subprocess, through MESHRL_JOB_CREDENTIAL_FILE) shares one job credential."""
+    global _credential_dir
+    from services import auth
+
+    _credential_dir = tempfile.mkdtemp(prefix="meshrl-test-credential-")
+    auth.provision(Path(_credential_dir) / auth.FILE_NAME)
+
+
+def pytest_unconfigure(config) -> None:  # noqa: ANN001 - pytest hook
+    if _credential_dir is not None:
+        shutil.rmtree(_credential_dir, ignore_errors=True)

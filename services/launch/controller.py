@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from services import auth
 from services.config.job import dump_job
 from services.launch.procs import ServiceFailed, ServiceProcess, become_subreaper, kill_adopted, python_module_argv
 from services.launch.report import History, scrape, write_report
@@ -50,6 +51,15 @@ class JobController:
         self._broker = None
         self._feeder = None
         self._queues: dict[str, int] = {}
+        self.credential: auth.JobCredential | None = None
+        self.credential_file = self.run_dir / auth.FILE_NAME
+
+    def _make_credential(self) -> auth.JobCredential:
+        """This job's own secret: a new one per run, in ``<run_dir>/job.credential`` (0600),
+        handed to every service through ``MESHRL_JOB_CREDENTIAL_FILE``."""
+        cred = auth.JobCredential.generate()
+        cred.write(self.credential_file)
+        return cred
 
     # ------------------------------------------------------------------ config files
 
@@ -94,7 +104,7 @@ class JobController:
     def _service(self, name: str, cfg: Path) -> ServiceProcess:
         raw = yaml.safe_load(cfg.read_text())
         host = self.spec.services.host
-        env = {"OMP_NUM_THREADS": "1", "MESHRL_RUN_DIR": str(self.run_dir)}
+        env = {"OMP_NUM_THREADS": "1", "MESHRL_RUN_DIR": str(self.run_dir), auth.ENV: str(self.credential_file)}
         if name == "trainer":
             argv = python_module_argv("trainer_svc", "--config", str(cfg))
             port = raw["trainer"]["metrics_port"]
@@ -128,6 +138,7 @@ class JobController:
     async def _main(self) -> int:
         spec = self.spec
         broker = None
+        self.credential = self._make_credential()
         self.broker_port = free_port(spec.services.host)
         from services.launch.control_metrics import ControlMetrics
         from services.metrics.server import MetricsServer
@@ -139,7 +150,8 @@ class JobController:
             from services.queues.broker_server import EmbeddedBroker
 
             broker = self._broker = await EmbeddedBroker(host=spec.services.host, port=self.broker_port,
-                                          aof_path=self.run_dir / "broker.aof").start()
+                                                         aof_path=self.run_dir / "broker.aof",
+                                                         credential=self.credential).start()
         try:
             configs = self._resolved_configs()
             self.state = "starting"
@@ -176,8 +188,11 @@ class JobController:
         if queues_cfg.type == "embedded":
             queues_cfg = queues_cfg.model_copy(update={"address": f"{spec.services.host}:{self.broker_port}"})
         qm = self.control.queues
-        prompts = make_queue(queues_cfg, stream="prompts", group="controller", consumer="feeder", metrics=qm)
-        watched = {name: make_queue(queues_cfg, stream=name, group=group, consumer="controller", metrics=qm)
+        cred = self.credential if queues_cfg.type == "embedded" else None
+        prompts = make_queue(queues_cfg, stream="prompts", group="controller", consumer="feeder", metrics=qm,
+                             credential=cred)
+        watched = {name: make_queue(queues_cfg, stream=name, group=group, consumer="controller", metrics=qm,
+                                    credential=cred)
                    for name, group in (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))}
         feeder = self._feeder = self._make_feeder(prompts)
         trainer_url = yaml.safe_load((self.run_dir / "configs" / "trainer.yaml").read_text())["trainer"]

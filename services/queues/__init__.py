@@ -31,6 +31,7 @@ from services.queues.base import (
 from services.queues.stats import QueueMetrics, QueueStats
 
 if TYPE_CHECKING:
+    from services.auth import JobCredential
     from services.config.queues import EmbeddedQueueConfig, RedisQueueConfig
 
 
@@ -41,10 +42,12 @@ def make_queue(
     group: str,
     consumer: str,
     metrics: QueueMetrics | None = None,
+    credential: "JobCredential | None" = None,
 ) -> Queue:
     """The queue for ``stream`` read by consumer ``group`` as ``consumer``, on the backend
     ``cfg.type`` selects. Build one :class:`QueueMetrics` per service registry and pass it
-    to every queue of that service to export the counters."""
+    to every queue of that service to export the counters. ``credential``: the job credential
+    the embedded broker requires (default: the process's, :func:`services.auth.current`)."""
     if cfg.type == "redis":
         from services.queues.redis_backend import RedisQueue
 
@@ -52,7 +55,7 @@ def make_queue(
     if cfg.type == "embedded":
         from services.queues.embedded_client import EmbeddedQueue
 
-        return EmbeddedQueue(cfg, stream=stream, group=group, consumer=consumer, metrics=metrics)
+        return EmbeddedQueue(cfg, stream=stream, group=group, consumer=consumer, metrics=metrics, credential=credential)
     raise ValueError(f"unknown queue backend {cfg.type!r}")
 
 

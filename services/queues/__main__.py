@@ -18,6 +18,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--aof", default=None, help="append-only file; a restart then loses nothing acknowledged")
     p.add_argument("--fsync", action="store_true", help="fsync the append-only file before every reply")
     p.add_argument("--max-frame-bytes", type=int, default=1 << 30, help="largest frame accepted")
+    p.add_argument("--credential-file", default=None,
+                   help="file holding the job credential every call must carry (default: $MESHRL_JOB_CREDENTIAL_FILE)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -28,13 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     import signal
 
+    from services import auth
     from services.queues.broker_server import EmbeddedBroker
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
+    credential = auth.install(args.credential_file)
+
     async def run() -> None:
         broker = EmbeddedBroker(host=args.host, port=args.port, aof_path=args.aof, fsync=args.fsync,
-                                max_frame_bytes=args.max_frame_bytes)
+                                max_frame_bytes=args.max_frame_bytes, credential=credential)
         await broker.start()
         print(f"queue broker listening on {broker.address}", flush=True)
         stop = asyncio.Event()

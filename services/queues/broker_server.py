@@ -7,7 +7,8 @@
 
 Or as its own process: ``python -m services.queues --port 50070 --aof queues.aof``.
 Every request is validated (names, sample ids, stages, sizes); a bad one is refused with
-INVALID_ARGUMENT and a message naming the field, and changes nothing.
+INVALID_ARGUMENT and a message naming the field, and changes nothing. A call without the
+job's credential (:mod:`services.auth`) is refused with UNAUTHENTICATED before that.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from services import auth
 from services.pb import queue_pb2, queue_pb2_grpc
 from services.queues.base import check_name, check_sample_ids, check_stage
 from services.queues.broker import BrokerState, Delivered, frame_len
@@ -239,11 +241,15 @@ def service_handler(servicer: QueueServicer) -> grpc.GenericRpcHandler:
 
 
 class EmbeddedBroker:
-    """Hosts the QueueService on ``host:port`` inside the current event loop."""
+    """Hosts the QueueService on ``host:port`` inside the current event loop.
+
+    ``credential``: the job credential every call must carry (default: :func:`services.auth.current`)."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, aof_path: str | Path | None = None,
-                 fsync: bool = False, max_frame_bytes: int = 1 << 30) -> None:
+                 fsync: bool = False, max_frame_bytes: int = 1 << 30,
+                 credential: auth.JobCredential | None = None) -> None:
         self.host, self._port = host, port
+        self.credential = auth.resolve(credential)
         self.state = BrokerState(aof_path, fsync=fsync)
         self._servicer = QueueServicer(self.state, max_frame_bytes=max_frame_bytes)
         self._server: grpc.aio.Server | None = None
@@ -257,7 +263,8 @@ class EmbeddedBroker:
         return f"{self.host}:{self._port}"
 
     async def start(self) -> "EmbeddedBroker":
-        self._server = grpc.aio.server(options=grpc_options())
+        self._server = grpc.aio.server(options=grpc_options(),
+                                       interceptors=[self.credential.aio_server_interceptor()])
         self._server.add_generic_rpc_handlers((service_handler(self._servicer),))
         self._port = self._server.add_insecure_port(f"{self.host}:{self._port}")
         if self._port == 0:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
+from services import auth
 from services.config.queues import EmbeddedQueueConfig
 from services.pb import queue_pb2, queue_pb2_grpc
 from services.queues.base import PutOutcome, Queue, RawItem, RawLeased
@@ -32,8 +33,9 @@ class BrokerUnreachable(ConnectionError):
 class _Connection:
     """One grpc.aio channel to the broker and the calls made on it."""
 
-    def __init__(self, address: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, address: str, loop: asyncio.AbstractEventLoop, credential: auth.JobCredential) -> None:
         self.loop = loop
+        self.md = credential.metadata()  # passed on every call (cheaper than a channel interceptor)
         self.channel = grpc.aio.insecure_channel(address, options=grpc_options())
         self.stub = queue_pb2_grpc.QueueServiceStub(self.channel)
         svc = "/meshrl.v1.QueueService/"
@@ -49,14 +51,16 @@ class _Connection:
 
 
 class EmbeddedQueue(Queue):
-    """A stream on the embedded broker at ``cfg.address``."""
+    """A stream on the embedded broker at ``cfg.address``; every call carries ``credential``
+    (default: the process's job credential, :func:`services.auth.current`)."""
 
     transient_errors = (BrokerUnreachable,)
 
     def __init__(self, cfg: EmbeddedQueueConfig, *, stream: str, group: str, consumer: str,
-                 metrics: QueueMetrics | None = None) -> None:
+                 metrics: QueueMetrics | None = None, credential: auth.JobCredential | None = None) -> None:
         super().__init__(cfg, stream=stream, group=group, consumer=consumer, metrics=metrics)
         self.cfg: EmbeddedQueueConfig = cfg
+        self.credential = auth.resolve(credential)
         self._conn: _Connection | None = None  # opened on first use, on the loop that uses it
         self._recover = False
         self._held: set[str] = set()
@@ -69,7 +73,7 @@ class EmbeddedQueue(Queue):
         (or used from a new one) opens its channel lazily, on the loop that first uses it."""
         loop = asyncio.get_running_loop()
         if self._conn is None or self._conn.loop is not loop:
-            self._conn = _Connection(self.cfg.address, loop)
+            self._conn = _Connection(self.cfg.address, loop, self.credential)
         return self._conn
 
     async def close(self) -> None:
@@ -88,6 +92,9 @@ class EmbeddedQueue(Queue):
                 raise BrokerUnreachable(f"{exc.code().name}: {exc.details()}") from exc
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise ValueError(f"queue broker refused the request: {exc.details()}") from exc
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise auth.CredentialError(f"the queue broker at {self.cfg.address} refused this job credential "
+                                           f"({self.credential.source}): {exc.details()}") from exc
             raise
 
     # ------------------------------------------------------------------ put
@@ -111,7 +118,7 @@ class EmbeddedQueue(Queue):
                 for off in range(0, n, cs):
                     yield view[off : off + cs]  # framed as QueuePutMessage.chunk by the serializer
 
-        reply = await self._call(self._rpc.put(messages(), timeout=cfg.op_timeout_s + _PUT_WAIT_S))
+        reply = await self._call(self._rpc.put(messages(), timeout=cfg.op_timeout_s + _PUT_WAIT_S, metadata=self._rpc.md))
         return PutOutcome([i or None for i in reply.entry_ids], reply.gaps)
 
     # ------------------------------------------------------------------ get
@@ -166,7 +173,7 @@ class EmbeddedQueue(Queue):
             got = await self._collect(self._rpc.reclaim(queue_pb2.QueueReclaimRequest(
                 stream=self.stream, group=self.group, consumer=self.consumer, min_idle_ms=0, max_items=max_items,
                 dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes, own_only=True,
-                exclude_ids=sorted(self._held)), timeout=cfg.op_timeout_s))
+                exclude_ids=sorted(self._held)), timeout=cfg.op_timeout_s, metadata=self._rpc.md))
             self._recover = False
             if got:
                 return got
@@ -174,36 +181,37 @@ class EmbeddedQueue(Queue):
         return await self._collect(self._rpc.get(queue_pb2.QueueGetRequest(
             stream=self.stream, group=self.group, consumer=self.consumer, max_items=max_items,
             wait_ms=int(wait * 1000), dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes),
-            timeout=wait + cfg.op_timeout_s))
+            timeout=wait + cfg.op_timeout_s, metadata=self._rpc.md))
 
     async def _claim_idle(self, min_idle_s: float, max_items: int) -> list[RawLeased]:
         cfg = self.cfg
         return await self._collect(self._rpc.reclaim(queue_pb2.QueueReclaimRequest(
             stream=self.stream, group=self.group, consumer=self.consumer, min_idle_ms=int(min_idle_s * 1000),
             max_items=max_items, dedupe_window=cfg.dedupe_window, chunk_bytes=cfg.chunk_bytes),
-            timeout=cfg.op_timeout_s))
+            timeout=cfg.op_timeout_s, metadata=self._rpc.md))
 
     # ------------------------------------------------------------------ ack / depth / ledger
     async def _ack_once(self, items: Sequence[RawLeased], stage: str | None) -> int:
         sids = [s for r in items for s, f in zip(r.sample_ids, r.fresh, strict=False) if f] if stage else []
         reply = await self._call(self._rpc.stub.Ack(queue_pb2.QueueAckRequest(
             stream=self.stream, group=self.group, entry_ids=[r.id for r in items], stage=stage or "",
-            sample_ids=sids, ledger_max=self.cfg.ledger_max_entries), timeout=self.cfg.op_timeout_s))
+            sample_ids=sids, ledger_max=self.cfg.ledger_max_entries), timeout=self.cfg.op_timeout_s,
+            metadata=self._rpc.md))
         for r in items:
             self._held.discard(r.id)
         return reply.acked
 
     async def _depth_once(self) -> int:
         reply = await self._call(self._rpc.stub.Depth(queue_pb2.QueueDepthRequest(stream=self.stream),
-                                                  timeout=self.cfg.op_timeout_s))
+                                                  timeout=self.cfg.op_timeout_s, metadata=self._rpc.md))
         return int(reply.depth)
 
     async def _record_once(self, sample_ids: Sequence[str], stage: str) -> None:
         await self._call(self._rpc.stub.RecordStage(queue_pb2.QueueRecordStageRequest(
             sample_ids=list(sample_ids), stage=stage, ledger_max=self.cfg.ledger_max_entries),
-            timeout=self.cfg.op_timeout_s))
+            timeout=self.cfg.op_timeout_s, metadata=self._rpc.md))
 
     async def _stages_once(self, sample_ids: Sequence[str]) -> list[str | None]:
         reply = await self._call(self._rpc.stub.GetStages(queue_pb2.QueueGetStagesRequest(sample_ids=list(sample_ids)),
-                                                      timeout=self.cfg.op_timeout_s))
+                                                      timeout=self.cfg.op_timeout_s, metadata=self._rpc.md))
         return [s or None for s in reply.stages]

@@ -33,6 +33,7 @@ from pathlib import Path
 import grpc
 import torch
 
+from services import auth
 from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
@@ -84,8 +85,9 @@ class _Subscriber:
 class WeightPublisher:
     """Publishes policy versions to every subscribed rollout replica (see module docstring)."""
 
-    def __init__(self, cfg: WeightChannelConfig, registry=None):
+    def __init__(self, cfg: WeightChannelConfig, registry=None, credential: auth.JobCredential | None = None):
         self.cfg = cfg
+        self.credential = auth.resolve(credential)  # every gRPC call must carry it
         self.session = secrets.randbits(63) | 1
         self.backend = resolve_backend(cfg.backend)
         self.device = device_for(self.backend)
@@ -116,6 +118,7 @@ class WeightPublisher:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_replicas + 16, thread_name_prefix="weights-grpc"),
             options=SERVER_OPTIONS,
+            interceptors=[self.credential.server_interceptor()],
         )
         pb_grpc.add_WeightServiceServicer_to_server(WeightServicer(self), server)
         port = server.add_insecure_port(f"{cfg.host}:{cfg.control_port}")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
+from services import auth
 from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
@@ -120,8 +121,9 @@ class WeightReceiver:
     """Receives policy versions for one replica (see module docstring)."""
 
     def __init__(self, cfg: WeightChannelConfig, replica_id: str, address: str | None = None, served_version: int = -1,
-                 served_session: int = 0):
+                 served_session: int = 0, credential: auth.JobCredential | None = None):
         self.cfg = cfg
+        self.credential = auth.resolve(credential)  # every call to the publisher carries it
         self.replica_id = check_replica_id(replica_id)
         self.address = address or f"{cfg.host}:{cfg.control_port}"
         self._served = served_version
@@ -157,7 +159,7 @@ class WeightReceiver:
     def connect(self, timeout: float | None = None) -> "WeightReceiver":
         """Subscribe; returns once the publisher's WELCOME arrived (``TransferError`` otherwise)."""
         timeout = self.cfg.connect_timeout_s if timeout is None else timeout
-        self._channel = grpc.insecure_channel(self.address, options=CLIENT_OPTIONS)
+        self._channel = auth.channel(self.address, self.credential, options=CLIENT_OPTIONS)
         self._stub = pb_grpc.WeightServiceStub(self._channel)
         for target, name in ((self._read_loop, "reader"), (self._work_loop, "worker")):
             t = threading.Thread(target=target, name=f"weights-{name}-{self.replica_id}", daemon=True)

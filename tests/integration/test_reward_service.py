@@ -20,6 +20,7 @@ from services import wire
 from services.config.queues import RedisQueueConfig
 from services.config.reward import RewardConfig
 from services.queues import make_queue
+from services import auth
 from tests.unit.reward_common import last_valid_index, make_group, write_tokenizer
 
 pytestmark = pytest.mark.timeout(120)
@@ -135,7 +136,7 @@ async def test_grpc_score_and_malformed_frames(tok_dir):
 
     server = await RewardServer(RewardConfig(), load_decoder(tok_dir)).start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+        async with auth.aio_channel(f"127.0.0.1:{server.grpc_port}", auth.current()) as ch:
             stub = reward_pb2_grpc.RewardServiceStub(ch)
             g = make_group(tok_dir, [r"\boxed{\dfrac12}", r"\boxed{3}"], [r"\frac{1}{2}", "4"], "lighteval/MATH")
             rep = await stub.Score(reward_pb2.RewardScoreRequest(frame=bytes(wire.encode(g))), timeout=30)

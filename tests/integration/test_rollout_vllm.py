@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from services import auth
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT_LEN, RESPONSE_LEN = 24, 40
@@ -314,7 +316,32 @@ def test_grpc_and_http_surface(rig, tiny_model: str) -> None:
     server, port = el.run(start_grpc_server(replica, "127.0.0.1", 0))
     http = MetricsServer(replica.metrics.registry, port=0, ready=lambda: engine.llm is not None, status=replica.status).start()
     try:
+        # Without the job's credential (none, or a wrong one) every RPC is refused and changes nothing.
+        secret = dict(auth.current().metadata())[auth.METADATA_KEY]
+        wrong = [(), ((auth.METADATA_KEY, secret[:-1] + ("A" if secret[-1] != "A" else "B")),),
+                 ((auth.METADATA_KEY, secret.replace("Bearer ", "Basic ")),)]
+        before = replica.status()
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = rollout_pb2_grpc.RolloutServiceStub(ch)
+            frame = bytes(wire.encode(_item([_prompt(tiny_model)], uid="intruder", n=1)))
+            for md in wrong:
+                for call, req in ((stub.Generate, rollout_pb2.RolloutGenerateRequest(frame=frame)),
+                                  (stub.Status, rollout_pb2.RolloutStatusRequest()),
+                                  (stub.Pause, rollout_pb2.RolloutPauseRequest()),
+                                  (stub.Resume, rollout_pb2.RolloutResumeRequest())):
+                    with pytest.raises(grpc.RpcError) as ei:
+                        call(req, metadata=md, timeout=DEADLINE_S)
+                    assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED, (call, md)
+                if md == ():  # pause the replica for real, then check a refused Resume leaves it paused
+                    replica.pause()
+                    with pytest.raises(grpc.RpcError):
+                        stub.Resume(rollout_pb2.RolloutResumeRequest(), timeout=10)
+                    assert replica.paused
+                    replica.resume()
+        after = replica.status()
+        assert (after["paused"], after["groups_done"], after["tokens_generated"]) == (
+            before["paused"], before["groups_done"], before["tokens_generated"])
+        with auth.channel(f"127.0.0.1:{port}", auth.current()) as ch:
             stub = rollout_pb2_grpc.RolloutServiceStub(ch)
             frame = bytes(wire.encode(_item([_prompt(tiny_model), _prompt(tiny_model, "1+1=")], uid="rpc", n=3)))
             resp = stub.Generate(rollout_pb2.RolloutGenerateRequest(frame=frame), timeout=DEADLINE_S)
@@ -385,7 +412,7 @@ class ReplicaProcess:
 
         from services.pb import rollout_pb2, rollout_pb2_grpc
 
-        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as ch:
+        with auth.channel(f"127.0.0.1:{self.grpc_port}", auth.current()) as ch:
             return rollout_pb2_grpc.RolloutServiceStub(ch).Status(rollout_pb2.RolloutStatusRequest(), timeout=10)
 
     def generate(self, item):
@@ -394,7 +421,7 @@ class ReplicaProcess:
         from services import wire
         from services.pb import rollout_pb2, rollout_pb2_grpc
 
-        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as ch:
+        with auth.channel(f"127.0.0.1:{self.grpc_port}", auth.current()) as ch:
             stub = rollout_pb2_grpc.RolloutServiceStub(ch)
             resp = stub.Generate(rollout_pb2.RolloutGenerateRequest(frame=bytes(wire.encode(item))), timeout=DEADLINE_S)
         return wire.decode(bytearray(resp.frame))

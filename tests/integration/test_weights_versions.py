@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 
+from services import auth
 from services.config.weights import WeightChannelConfig
 from services.weights import PlanError, TransferError, VersionError, WeightPublisher, WeightReceiver
 
@@ -172,7 +173,7 @@ def test_status_rpc_and_metrics():
         report, update, got, err = publish_and_take(pub, rx, 2, iter(named(2)))
         rx.report_loaded(2)
         assert pub.wait_for_replicas(1, timeout=10, served_version=2)
-        with grpc.insecure_channel(pub.control_address) as ch:
+        with auth.channel(pub.control_address, auth.current()) as ch:
             st = pb_grpc.WeightServiceStub(ch).Status(pb.StatusRequest(), timeout=10)
             bad = pb.AckRequest(replica_id="r0", status=pb.ACK_STATUS_UNSPECIFIED)
             with pytest.raises(grpc.RpcError) as ei:
