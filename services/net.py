@@ -89,3 +89,47 @@ def terminate_then_kill(proc, grace: float = 5.0) -> int | None:
             proc.kill()
             proc.wait(timeout=10)
     return proc.returncode
+
+
+def tcp_store(host: str, port: int, timeout_s: float, *, is_master: bool, world_size: int | None = None):
+    """A ``torch.distributed.TCPStore`` whose server (``is_master``) listens on ``host`` only.
+
+    torch's own TCPStore server listens on every address of the machine; here the master binds
+    its socket to ``host`` itself (``0.0.0.0`` still means everywhere) and hands it over, so
+    the rendezvous is reachable exactly where the job's services meet. Clients just connect.
+    A TCPStore has no authentication at all: see docs/security.md for how to fence it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not is_master:
+        return dist.TCPStore(host, port, world_size, False, timeout=timeout, wait_for_workers=False)
+    sock = socket.create_server((host, port), family=socket.AF_INET, backlog=1024)
+    try:
+        store = dist.TCPStore(host, sock.getsockname()[1], world_size, True, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the listening socket now
+    return store
+
+
+def local_address_towards(host: str, port: int = 9) -> str | None:
+    """This machine's address on the route to ``host`` (no packet is sent), or None."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def is_local_address(host: str) -> bool:
+    """True if ``host`` (a name or an IPv4 address) resolves to an address this machine can bind."""
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError:
+        return False
+    return _bindable(addr, 0)

@@ -55,7 +55,13 @@ def init_distributed(device: str = "cpu", timeout_s: float = 300.0) -> DistConte
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timeout)
+        from services.net import tcp_store
+
+        # The rendezvous listens on MASTER_ADDR only (torch's default store listens everywhere).
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout_s,
+                          is_master=rank == 0, world_size=world)
+        dist.init_process_group(backend=backend, timeout=timeout, store=store, rank=rank, world_size=world)
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("dp",))
     group = mesh.get_group("dp")

@@ -33,6 +33,9 @@ def rank_env(rank: int, world: int, port: int, threads: int, base: dict[str, str
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
     )
+    # The ranks share this machine: their data ports listen on loopback only.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     return env
 
 

@@ -11,6 +11,7 @@ no caller ever blocks longer than ``timeout_s``.
 from __future__ import annotations
 
 import datetime
+import logging
 import threading
 import weakref
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from services.weights.errors import TransferError
+
+log = logging.getLogger("meshrl.weights")
 
 
 def resolve_backend(backend: str) -> str:
@@ -56,18 +59,26 @@ class GroupSpec:
 
 
 def connect_store(host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.TCPStore:
-    """A TCPStore client (or the server when ``is_master``) with a deadline on every wait."""
+    """A TCPStore client (or the server when ``is_master``, listening on ``host`` only) with a
+    deadline on every wait."""
+    from services.net import tcp_store
+
     try:
-        return dist.TCPStore(
-            host,
-            port,
-            None,
-            is_master,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        return tcp_store(host, port, timeout_s, is_master=is_master)
     except Exception as e:  # DistStoreError / RuntimeError: unreachable or timed out
         raise TransferError(f"cannot reach rendezvous store {host}:{port}: {e}") from e
+
+
+def _gloo_device(interface: str | None, address: str | None):  # noqa: ANN202 - a gloo Device
+    if interface:
+        return dist.ProcessGroupGloo.create_device(interface=interface)
+    if address and address != "0.0.0.0":
+        from services.net import is_local_address
+
+        if is_local_address(address):
+            return dist.ProcessGroupGloo.create_device(hostname=address)
+        log.warning("gloo: %s is not an address of this machine; using gloo's default device", address)
+    return dist.ProcessGroupGloo.create_default_device()
 
 
 class DataGroup:
@@ -77,7 +88,10 @@ class DataGroup:
     the underlying collective then finishes or times out on its own inside torch.
     """
 
-    def __init__(self, spec: GroupSpec, store: dist.Store, gloo_interface: str | None = None, gloo_threads: int = 2):
+    def __init__(self, spec: GroupSpec, store: dist.Store, gloo_interface: str | None = None, gloo_threads: int = 2,
+                 gloo_address: str | None = None):
+        """``gloo_interface`` (a NIC name) or else ``gloo_address`` (an IP of this machine) is
+        where gloo's data ports listen; neither: gloo's default (the hostname's address)."""
         self.spec = spec
         self.device = device_for(spec.backend)
         self._aborted = threading.Event()
@@ -97,12 +111,7 @@ class DataGroup:
                 # gloo hands consecutive collectives to the devices in turn: with two, the
                 # publisher's pipelined broadcasts move in parallel instead of sharing one
                 # thread's sockets (the CPU data plane's bottleneck on one host).
-                opts._devices = [
-                    dist.ProcessGroupGloo.create_device(interface=gloo_interface)
-                    if gloo_interface
-                    else dist.ProcessGroupGloo.create_default_device()
-                    for _ in range(max(1, spec.gloo_devices))
-                ]
+                opts._devices = [_gloo_device(gloo_interface, gloo_address) for _ in range(max(1, spec.gloo_devices))]
                 opts._threads = gloo_threads
                 self._pg = dist.ProcessGroupGloo(prefixed, spec.rank, spec.world_size, opts)
             else:

@@ -335,7 +335,8 @@ class WeightPublisher:
             s.outbox.put(control(K.CONTROL_KIND_JOIN, self.session, epoch, -1, join=join))
         started = time.monotonic()
         try:
-            group = DataGroup(spec, self._store, self.cfg.gloo_interface, self.cfg.gloo_threads)
+            group = DataGroup(spec, self._store, self.cfg.gloo_interface, self.cfg.gloo_threads,
+                              gloo_address=self.cfg.rendezvous_host)  # gloo listens where replicas reach it
         except TransferError as e:
             self._send(candidates, control(K.CONTROL_KIND_ABORT, self.session, epoch, -1,
                                            abort=pb.Abort(reason=str(e))))

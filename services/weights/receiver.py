@@ -38,6 +38,7 @@ from services.weights.errors import (
     VersionError,
     WeightChannelError,
 )
+from services.net import local_address_towards
 from services.weights.group import DataGroup, GroupSpec, connect_store
 from services.weights.messages import CLIENT_OPTIONS, bucket_from_pb, check_control, check_replica_id
 from services.weights.plan import Bucket
@@ -425,7 +426,9 @@ class WeightReceiver:
             if self._store_addr != (j.store_host, j.store_port):
                 self._store = connect_store(j.store_host, j.store_port, j.timeout_s)
                 self._store_addr = (j.store_host, j.store_port)
-            self._group = DataGroup(spec, self._store, self.cfg.gloo_interface, self.cfg.gloo_threads)
+            # gloo listens on this machine's address towards the publisher, never on every address
+            self._group = DataGroup(spec, self._store, self.cfg.gloo_interface, self.cfg.gloo_threads,
+                                    gloo_address=local_address_towards(j.store_host, j.store_port))
         except TransferError as e:
             self._group = None
             self._ack(pb.ACK_STATUS_FAILED, msg.epoch, -1, str(e))

@@ -235,3 +235,46 @@ def test_a_thread_cannot_race_past_the_check():
     t.start()
     t.join(60)
     assert out == [bool(i % 2) for i in range(40)]
+
+
+# ------------------------------------------------------------------------------------------------
+# what cannot be authenticated listens only on the job's address
+
+
+def _listening() -> set[tuple[str, int]]:
+    import psutil
+
+    return {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)  # gloo: IPv4-mapped IPv6 sockets
+            for c in psutil.Process().net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN}
+
+
+@pytest.mark.distributed
+def test_rendezvous_store_and_gloo_ports_listen_on_the_job_address_only():
+    from services.net import free_port, tcp_store
+    from services.weights import WeightPublisher, WeightReceiver
+
+    before = _listening()
+    store = tcp_store("127.0.0.1", free_port(), 10.0, is_master=True, world_size=None)
+    client = tcp_store("127.0.0.1", store.port, 10.0, is_master=False)
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+    assert ("127.0.0.1", store.port) in _listening()
+
+    cfg = WeightChannelConfig(host="127.0.0.1", control_port=0, bucket_mb=0.001, transfer_timeout_s=10.0)
+    pub = WeightPublisher(cfg).start()
+    rx = WeightReceiver(cfg, "r0", address=pub.control_address).connect()
+    try:
+        assert pub.wait_for_replicas(1, timeout=10)
+        t = threading.Thread(target=lambda: pub.publish(1, [("w", torch.ones(64))]))
+        t.start()
+        update = rx.wait_for_update(timeout=15)
+        assert update is not None and [n for n, _ in update.tensors()] == ["w"]
+        t.join(30)
+        opened = _listening() - before
+        # control port, rendezvous store, gloo's data ports (both ends, in this process)
+        assert len(opened) >= 4, opened
+        assert {ip for ip, _ in opened} == {"127.0.0.1"}, opened
+    finally:
+        rx.close()
+        pub.close()
