@@ -185,7 +185,7 @@ def _samples(registry) -> dict:  # noqa: ANN001 - a prometheus CollectorRegistry
 
 async def test_reward_service_refuses_score_without_the_credential(tmp_path):
     from reward_svc.decode import load_decoder
-    from reward_svc.service import RewardServer
+    from reward_svc.server import RewardServer
     from services.config.reward import RewardConfig
     from services.pb import reward_pb2, reward_pb2_grpc
     from tests.unit.reward_common import write_tokenizer
