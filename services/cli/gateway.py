@@ -21,7 +21,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=os.environ.get("MESHRL_GATEWAY_DB"), help="sqlite:///PATH or postgresql://URL")
     p.add_argument("--runs-dir", default=os.environ.get("MESHRL_RUNS_DIR", "runs"), help="where jobs run")
     p.add_argument("--token-file", help="file holding the bearer token (else $MESHRL_GATEWAY_TOKEN)")
-    p.add_argument("--launcher", choices=["local", "ray"], default="local", help="how jobs are started")
+    p.add_argument("--launcher", choices=["local", "ray", "deployment"],
+                   default=os.environ.get("MESHRL_GATEWAY_LAUNCHER", "local"),
+                   help="how jobs are started: local subprocesses, Ray, or the deployment's own service containers "
+                        "(meshrl worker; compose and k8s) -- env MESHRL_GATEWAY_LAUNCHER")
+    p.add_argument("--deployment-config", default=None,
+                   help="with --launcher deployment: the deployment's wiring (where its services bind and meet), "
+                        "merged into every job spec (else $MESHRL_DEPLOYMENT_CONFIG)")
     p.add_argument("--poll-interval", type=float, default=2.0, help="seconds between job status refreshes")
     p.add_argument("--max-running-jobs", type=int,
                    default=int(os.environ.get("MESHRL_GATEWAY_MAX_RUNNING_JOBS", "1") or 1),
@@ -48,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from services.gateway.server import Gateway, GatewaySettings
 
+    if args.deployment_config:
+        os.environ["MESHRL_DEPLOYMENT_CONFIG"] = args.deployment_config
     try:
         settings = GatewaySettings(
             token=token, host=args.host, port=args.port,

@@ -33,7 +33,7 @@ class GatewaySettings(BaseModel):
     grpc_port: int | None = Field(DEFAULT_GRPC_PORT, ge=0, le=65535, description="JobService port; None = off")
     db_url: str | None = Field(None, description="sqlite:///PATH or postgresql://...; default RUNS_DIR/gateway.db")
     runs_dir: Path = Field(Path("runs"), description="each job runs in RUNS_DIR/<job id>")
-    launcher: str = Field("local", description="local or ray")
+    launcher: str = Field("local", description="local, ray or deployment")
     poll_interval: float = Field(2.0, gt=0, le=3600, description="seconds between job status refreshes")
     cancel_timeout: float = Field(30.0, gt=0, le=3600, description="seconds from SIGTERM to SIGKILL on cancel")
     max_running_jobs: int | None = Field(

@@ -74,7 +74,7 @@ class Launcher(abc.ABC):
 
 
 def make_launcher(kind: str, **kwargs: Any) -> Launcher:
-    """The launcher for ``kind`` ("local" or "ray")."""
+    """The launcher for ``kind``: "local", "ray" or "deployment" (the deployment's own services)."""
     if kind == "local":
         from services.launch.local import LocalLauncher
 
@@ -83,4 +83,8 @@ def make_launcher(kind: str, **kwargs: Any) -> Launcher:
         from services.launch.ray import RayLauncher
 
         return RayLauncher(**kwargs)
-    raise LaunchError(f"unknown launcher {kind!r}; expected 'local' or 'ray'")
+    if kind == "deployment":
+        from services.launch.deployment import DeploymentLauncher
+
+        return DeploymentLauncher(**kwargs)
+    raise LaunchError(f"unknown launcher {kind!r}; expected 'local', 'ray' or 'deployment'")

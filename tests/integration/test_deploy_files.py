@@ -217,7 +217,8 @@ def _python_invocations() -> list[tuple[str, list[str]]]:
         for m in re.finditer(r"python -m ([\w.]+)((?: (?:--?[\w-]+|[^\s;&|]+))*)", text):
             found.append((m.group(1), re.findall(r"(--[\w-]+)", m.group(2))))
         for m in re.finditer(r"\bmeshrl ([\w-]+)((?: (?:--?[\w-]+|[^\s;&|\"\]]+))*)", text):
-            found.append((f"meshrl {m.group(1)}", re.findall(r"(--[\w-]+)", m.group(2))))
+            own = (m.group(2) + " ").split(" -- ")[0]  # after " -- ": the command a `meshrl worker` runs
+            found.append((f"meshrl {m.group(1)}", re.findall(r"(--[\w-]+)", own)))
     return found
 
 
@@ -321,3 +322,140 @@ def test_env_vars_images_and_files_exist():
                 assert (ROOT / src).exists(), src
     # The gateway's token comes from the environment it says.
     assert "MESHRL_GATEWAY_TOKEN" in services["gateway"]["environment"]
+
+
+# ---------------------------------------------------------------------------------------------- roles, GPUs, wiring
+
+WORKER_SERVICES = ("trainer", "rollout", "reward", "feeder")
+
+
+def test_restart_policies_match_each_service_role():
+    services = compose()["services"]
+    assert services["prepare"]["restart"] == "no"  # one-off
+    for name in WORKER_SERVICES:  # restart only when they fail: a finished job never restart-loops
+        assert services[name]["restart"] == "on-failure", name
+    for name in ("redis", "gateway", "prometheus", "grafana"):
+        assert services[name]["restart"] == "unless-stopped", name
+
+
+def test_the_gateway_runs_no_job_process_itself():
+    services = compose()["services"]
+    gw = " ".join(services["gateway"]["command"])
+    assert "--launcher deployment" in gw and "--deployment-config /etc/meshrl/deployment.yaml" in gw
+    assert "--max-running-jobs 1" in gw
+    for name in WORKER_SERVICES:
+        assert "meshrl worker --role " + name in " ".join(services[name]["command"]), name
+    for c in k8s_containers():
+        cmd = " ".join(c.get("command", []))
+        if c["name"] == "gateway":
+            assert "--launcher deployment" in cmd and "--deployment-config /etc/meshrl/deployment.yaml" in cmd
+        elif c["name"] in WORKER_SERVICES:
+            assert cmd.startswith("meshrl worker --role " + c["name"]), cmd
+    assert "--ends-job" in " ".join(services["trainer"]["command"])
+
+
+def _merge(base: dict, over: dict) -> dict:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def test_the_deployment_wiring_agrees_with_the_example_job_and_the_ports():
+    """job.yaml (the example job) merged with the wiring keeps every port: the compose/k8s
+    port checks above hold for every job the gateway hands out."""
+    cm = next(d for d in k8s_docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "meshrl-job")
+    pairs = [((ROOT / "deploy" / "config" / "job.yaml").read_text(),
+              (ROOT / "deploy" / "config" / "deployment.yaml").read_text()),
+             (cm["data"]["job.yaml"], cm["data"]["deployment.yaml"])]
+    for job_text, wiring_text in pairs:
+        job_raw, wiring = yaml.safe_load(job_text), yaml.safe_load(wiring_text.replace("{job_id}", "j1"))
+        merged = parse_job(_merge(yaml.safe_load(job_text), wiring))
+        job = parse_job(job_raw)
+        for block, fields in wiring.items():
+            for field in fields:
+                if field.endswith("_dir"):
+                    continue
+                assert getattr(getattr(merged, block), field) == getattr(getattr(job, block), field), (block, field)
+        assert merged.trainer.default_local_dir.endswith("/j1")
+
+
+def test_gpu_variants_reserve_gpus_and_use_the_cuda_image():
+    import jsonschema
+    import kubernetes_validate
+    from check_jsonschema.builtin_schemas import vendor
+
+    schema = json.loads((Path(vendor.__file__).parent / "compose-spec.json").read_text())
+    gpu = yaml.safe_load((ROOT / "docker-compose.gpu.yml").read_text())
+    jsonschema.validate(gpu, schema)
+    for name in ("trainer", "rollout"):
+        devices = gpu["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}], name
+    for name, svc in gpu["services"].items():
+        assert svc["image"] == "meshrl:cuda" and svc["build"]["target"] == "cuda", name
+    assert set(gpu["services"]) == {n for n, s in compose()["services"].items() if s["image"].startswith("meshrl:")}
+    # Kubernetes: apply the overlay's JSON patches to the base manifests and validate the result.
+    overlay = yaml.safe_load((K8S / "gpu" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == [".."] and overlay["images"] == [{"name": "meshrl", "newTag": "cuda"}]
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_docs()}
+    patched = set()
+    for p in overlay["patches"]:
+        doc = docs[(p["target"]["kind"], p["target"]["name"])]
+        for op in yaml.safe_load(p["patch"]):
+            assert op["op"] == "add"
+            *parents, leaf = [s.replace("~1", "/").replace("~0", "~") for s in op["path"].strip("/").split("/")]
+            node = doc
+            for part in parents:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            node[leaf] = op["value"]
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+        res = doc["spec"]["template"]["spec"]["containers"][0]["resources"]
+        assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == "1"
+        patched.add(p["target"]["name"])
+    assert patched == {"meshrl-trainer", "meshrl-rollout"}
+    stages = set(re.findall(r"^FROM \S+ AS (\w+)", DOCKERFILE.read_text(), flags=re.M))
+    assert "cuda" in stages
+
+
+def test_the_dockerfile_fails_loudly_and_takes_its_base_as_an_argument():
+    text = DOCKERFILE.read_text()
+    assert "|| true" not in text and "|| :" not in text
+    assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in text and "FROM ${BASE_IMAGE} AS cpu" in text
+    assert "set -eux" in text
+
+
+def test_k8s_monitoring_scrapes_the_same_jobs_and_passes_promtool(tmp_path):
+    cm = next(d for d in k8s_docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "meshrl-prometheus")
+    cfg = cm["data"]["prometheus.yml"]
+    (tmp_path / "token").write_text("x")
+    (tmp_path / "alerts.yml").write_text((PROM / "alerts.yml").read_text())
+    cfg = cfg.replace("/run/secrets/gateway/token", str(tmp_path / "token")).replace(
+        "/etc/prometheus/rules/alerts.yml", "alerts.yml")
+    (tmp_path / "prometheus.yml").write_text(cfg)
+    r = _promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # the same jobs and ports as under compose, through Services that exist
+    prom = yaml.safe_load(cm["data"]["prometheus.yml"])
+    compose_prom = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    assert {sc["job_name"] for sc in prom["scrape_configs"]} == {sc["job_name"] for sc in compose_prom["scrape_configs"]}
+    services = {d["metadata"]["name"]: d for d in k8s_docs() if d["kind"] == "Service"}
+    for sc in prom["scrape_configs"]:
+        for st in sc.get("static_configs", []):
+            for t in st["targets"]:
+                host, port = t.rsplit(":", 1)
+                assert int(port) in {p["port"] for p in services[host]["spec"]["ports"]}, t
+        for dns in sc.get("dns_sd_configs", []):
+            for host in dns["names"]:
+                assert services[host]["spec"].get("clusterIP") == "None", f"{host}: needs a headless Service"
+                assert dns["port"] in {p["port"] for p in services[host]["spec"]["ports"]}
+    # the init containers copy files the image really has
+    src = DOCKERFILE.read_text()
+    for d in k8s_docs():
+        if d["kind"] == "Deployment":
+            for c in d["spec"]["template"]["spec"].get("initContainers", []):
+                for path in re.findall(r"/opt/meshrl/(\S+)", " ".join(c["command"])):
+                    top = "/".join(path.split("/")[:2])
+                    assert f"COPY {top}/" in src, path
+                    assert list(ROOT.glob(path)), path
