@@ -88,8 +88,10 @@ def test_a_job_runs_on_the_workers_and_ends_with_the_trainer(runs, tmp_path, mon
     assert (run_dir / "job.credential").stat().st_mode & 0o777 == 0o600  # no deployment secret: one per job
     # the trainer copies its spec and credential path, then exits 0; the feeder runs until told to stop
     workers.start("trainer", sys.executable, "-c",
-                  "import os, shutil; shutil.copy('{spec}', '{run_dir}/seen.yaml'); "
-                  "open('{run_dir}/cred', 'w').write(os.environ['MESHRL_JOB_CREDENTIAL_FILE'])", ends_job=True)
+                  "import os, shutil, time; shutil.copy('{spec}', '{run_dir}/seen.yaml'); "
+                  "open('{run_dir}/cred', 'w').write(os.environ['MESHRL_JOB_CREDENTIAL_FILE']); "
+                  "t = time.time()\nwhile not os.path.exists('{run_dir}/feeder-1.up') and time.time() - t < 60: "
+                  "time.sleep(0.1)", ends_job=True)
     workers.start("feeder", sys.executable, "-c", "import time; open('{run_dir}/{name}.up', 'w'); time.sleep(600)")
     st = wait_state(launcher, h, {JobState.SUCCEEDED, JobState.FAILED})
     assert st.state == JobState.SUCCEEDED, st.detail
@@ -107,7 +109,8 @@ def test_a_failing_service_fails_the_job_naming_it_and_the_next_job_runs(runs, t
     runs_dir, workers = runs
     launcher = DeploymentLauncher(WIRING)
     workers.start("trainer", sys.executable, "-c", "import time; time.sleep(600)", ends_job=True)
-    workers.start("reward", sys.executable, "-c", "import sys; print('scorer exploded'); sys.exit(3)")
+    workers.start("reward", sys.executable, "-c",  # fails on job-b only
+                  "import sys, time\nif 'job-b' in '{run_dir}': print('scorer exploded'); sys.exit(3)\ntime.sleep(600)")
     h = launcher.start("job-b", spec_yaml(tmp_path), runs_dir / "job-b")
     st = wait_state(launcher, h, {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
     assert st.state == JobState.FAILED and "reward-1" in st.detail and "exit code 3" in st.detail
