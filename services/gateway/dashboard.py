@@ -5,7 +5,7 @@ URL, or typed into the box; kept in the tab's ``sessionStorage``), then polls ``
 and, per job, ``/metrics?since=<last ts>``, ``/events`` and (when its logs are open)
 ``/logs?service=..&tail=200`` every ``?interval=`` milliseconds (default 2000).
 
-Per job: its state, step and detail; pause / resume / cancel buttons for the states that
+Per job: its state, step and detail, its sample ledger and service restarts (when the job reports them); pause / resume / cancel buttons for the states that
 allow them; nine charts (reward mean, staleness, queue depths with a colour key per stream,
 tokens/s, loss, KL, entropy, gradient norm, validation score), each with y ticks in its
 unit, time ticks on x, the last value rounded to three significant digits, and the values
@@ -34,6 +34,7 @@ DASHBOARD_HTML = r"""<!doctype html>
   .state.running { background: #d8f0d8; } .state.paused { background: #fff0c0; }
   .state.failed { background: #f8d0d0; } .state.succeeded { background: #d0e4f8; }
   .actions button { font-size: .8rem; margin-right: .3rem; }
+  .ledger { font-size: .8rem; color: #555; margin-bottom: .3rem; font-variant-numeric: tabular-nums; }
   .detail { font-size: .85rem; color: #444; margin-bottom: .4rem; white-space: pre-wrap; max-height: 6em; overflow: auto; }
   .charts { display: flex; flex-wrap: wrap; gap: .8rem; }
   figure { margin: 0; position: relative; }
@@ -257,6 +258,7 @@ DASHBOARD_HTML = r"""<!doctype html>
       h.appendChild(actions);
       sec.appendChild(h);
       sec.appendChild(el("div", { class: "detail" }));
+      sec.appendChild(el("div", { class: "ledger" }));
       const charts = el("div", { class: "charts" });
       for (const [key, label, unit] of METRICS) {
         const fig = el("figure", { "data-metric": key });
@@ -294,6 +296,10 @@ DASHBOARD_HTML = r"""<!doctype html>
     st.className = "state " + job.state;
     for (const [verb, states] of Object.entries(ALLOWED)) sec.querySelector('[data-action="' + verb + '"]').hidden = !states.includes(job.state);
     const p = job.progress || {};
+    const ledger = Object.entries(p.ledger || {}), restarts = Object.entries(p.restarts || {}).filter(([, n]) => n > 0);
+    sec.querySelector(".ledger").textContent =
+      (ledger.length ? "samples: " + ledger.map(([k, v]) => k.replace(/_/g, " ") + " " + fmt(v)).join(" · ") : "") +
+      (restarts.length ? (ledger.length ? "   " : "") + "restarts: " + restarts.map(([k, v]) => k + " " + v).join(", ") : "");
     sec.querySelector(".detail").textContent =
       (p.step !== undefined && p.step !== null ? "step " + p.step + (p.total_steps ? " / " + p.total_steps : "") + "  " : "") + (job.detail || "");
     return sec;

@@ -41,6 +41,9 @@ class JobProgress(BaseModel):
     logprob_diff: float | None = Field(None, description="mean |p_rollout - p_trainer| of the last batch")
     queues: dict[str, int] | None = Field(None, description="stream name -> depth")
     restarts: dict[str, int] | None = Field(None, description="service -> times its supervisor restarted it")
+    ledger: dict[str, int] | None = Field(
+        None, description="the job's sample ledger: stage (fed, generated, scored, trained, ...) -> samples"
+    )
 
 
 class Job(BaseModel):

@@ -80,7 +80,7 @@ def clean_progress(info: dict[str, Any]) -> dict[str, Any]:
         v = info.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[key] = float(v)
-    for key in ("queues", "restarts"):
+    for key in ("queues", "restarts", "ledger"):
         counts = info.get(key)
         if isinstance(counts, dict):
             kept = {str(k)[:128]: v for k, v in list(counts.items())[:64]

@@ -15,7 +15,7 @@ class JobSubmitRequest(_message.Message):
     def __init__(self, spec_yaml: _Optional[str] = ..., overrides: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobProgressInfo(_message.Message):
-    __slots__ = ("step", "total_steps", "reward_mean", "staleness", "tokens_per_s", "queues", "loss", "kl", "entropy", "grad_norm", "val_score", "logprob_diff", "restarts")
+    __slots__ = ("step", "total_steps", "reward_mean", "staleness", "tokens_per_s", "queues", "loss", "kl", "entropy", "grad_norm", "val_score", "logprob_diff", "restarts", "ledger")
     class QueuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,13 @@ class JobProgressInfo(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     class RestartsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class LedgerEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +50,7 @@ class JobProgressInfo(_message.Message):
     VAL_SCORE_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_DIFF_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     reward_mean: float
@@ -56,7 +64,8 @@ class JobProgressInfo(_message.Message):
     val_score: float
     logprob_diff: float
     restarts: _containers.ScalarMap[str, int]
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., staleness: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., queues: _Optional[_Mapping[str, int]] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., grad_norm: _Optional[float] = ..., val_score: _Optional[float] = ..., logprob_diff: _Optional[float] = ..., restarts: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    ledger: _containers.ScalarMap[str, int]
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., reward_mean: _Optional[float] = ..., staleness: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., queues: _Optional[_Mapping[str, int]] = ..., loss: _Optional[float] = ..., kl: _Optional[float] = ..., entropy: _Optional[float] = ..., grad_norm: _Optional[float] = ..., val_score: _Optional[float] = ..., logprob_diff: _Optional[float] = ..., restarts: _Optional[_Mapping[str, int]] = ..., ledger: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class JobInfo(_message.Message):
     __slots__ = ("id", "name", "state", "detail", "exit_code", "launcher", "overrides", "created_at", "updated_at", "progress", "spec_yaml")

@@ -64,6 +64,8 @@ def main() -> int:
             detail=f"step {step}/{steps}", loss=round(1.0 / step, 5), kl=0.001 * step, entropy=2.0 - step / (steps + 1),
             grad_norm=0.5 + (step % 3) * 0.1, **({"val_score": round(step / steps, 4)} if step % 5 == 0 else {}),
             **({"restarts": {"reward-0": 1}} if os.environ.get("FAKE_RESTARTS") == "1" and step >= 2 else {}),
+            ledger={"fed": 8 * step, "generated": 8 * step - 2, "scored": 8 * step - 4, "trained": 8 * (step - 1),
+                    "failed": 0, "dropped_stale": 0},
         )  # fmt: skip
         print(f"fake job: step {step}", flush=True)
         if os.environ.get("FAKE_SERVICE_LOGS") == "1":

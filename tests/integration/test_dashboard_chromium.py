@@ -121,6 +121,10 @@ def test_dashboard_shows_the_job_its_charts_events_logs_and_controls(tmp_path):
         assert re.fullmatch(r"\d\d:\d\d:\d\d", when) and value.endswith(" tok/s") and _significant(value.split()[0]) <= 3, tip
         assert page.eval(f"{svg('tokens_per_s')}.querySelectorAll('circle.hover').length") == 1
 
+        # The sample ledger the job reports.
+        ledger = page.eval(q(".ledger") + ".textContent")
+        assert ledger.startswith("samples: fed ") and " · trained " in ledger and "dropped stale" in ledger, ledger
+
         # Events: the job's life so far.
         kinds = page.eval(f"[...{card}.querySelectorAll('.events li')].map(li => li.dataset.kind)")
         assert kinds[:2] == ["submitted", "started"], kinds
