@@ -27,6 +27,19 @@ def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook
     auth.provision(Path(_credential_dir) / auth.FILE_NAME)
 
 
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest hook
+    """``podman`` tests (an image build and a whole compose stack) run only when ``-m`` names
+    them; otherwise they are deselected (reported as such), never skipped."""
+    if "podman" in (config.option.markexpr or ""):
+        return
+    chosen, dropped = [], []
+    for item in items:
+        (dropped if item.get_closest_marker("podman") else chosen).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = chosen
+
+
 def pytest_unconfigure(config) -> None:  # noqa: ANN001 - pytest hook
     if _credential_dir is not None:
         shutil.rmtree(_credential_dir, ignore_errors=True)
