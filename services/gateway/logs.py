@@ -58,12 +58,11 @@ def tail_bytes(path: Path, lines: int) -> tuple[bytes, int]:
             pos -= step
             f.seek(pos)
             buf = f.read(step) + buf
-    if buf.count(b"\n") > lines or len(buf) >= MAX_TAIL_BYTES:
-        body = buf[:-1] if buf.endswith(b"\n") else buf
-        cut = body.split(b"\n")[-lines:]
-        buf = b"\n".join(cut) + (b"\n" if buf.endswith(b"\n") else b"")
-        buf = buf[-MAX_TAIL_BYTES:]
-    return buf, end
+    ends = buf.endswith(b"\n")
+    parts = (buf[:-1] if ends else buf).split(b"\n")
+    if len(parts) > lines:
+        buf = b"\n".join(parts[-lines:]) + (b"\n" if ends else b"")
+    return buf[-MAX_TAIL_BYTES:], end
 
 
 def follow(path: Path, offset: int, finished: Callable[[], bool], max_seconds: float,
