@@ -133,6 +133,9 @@ class Scraper:
 
 
 def _service_urls(run_dir: Path) -> dict[str, str]:
+    """Every /metrics URL of the job: the controller's (``status.json``) and each service's,
+    from its readiness line (``MESHRL_READY {... "addresses": {"metrics": host:port}}``) or,
+    failing that, from its resolved config (``configs/<service>.yaml``)."""
     urls = {}
     status = run_dir / "status.json"
     if status.exists():
@@ -141,13 +144,53 @@ def _service_urls(run_dir: Path) -> dict[str, str]:
                 urls["controller"] = url
         except ValueError:
             pass
+    logs = run_dir / "logs"
+    for log in logs.glob("*.log") if logs.exists() else ():
+        for line in log.read_text(errors="replace").splitlines():
+            if "MESHRL_READY " in line:
+                try:
+                    ready = json.loads(line.split("MESHRL_READY ", 1)[1])
+                except ValueError:
+                    continue
+                if isinstance(ready, dict) and (metrics := (ready.get("addresses") or {}).get("metrics")):
+                    urls[log.stem] = f"http://{metrics}/metrics"
     for cfg in (run_dir / "configs").glob("*.yaml") if (run_dir / "configs").exists() else ():
-        raw = yaml.safe_load(cfg.read_text())
+        if cfg.stem in urls:
+            continue
+        raw = yaml.safe_load(cfg.read_text())  # may be half-written: read again next time
+        if not isinstance(raw, dict):
+            continue
         block = raw.get("trainer" if cfg.stem == "trainer" else cfg.stem.split("-")[0], {})
         host = block.get("metrics_host") or block.get("host") or "127.0.0.1"
         if block.get("metrics_port"):
             urls[cfg.stem] = f"http://{host}:{block['metrics_port']}/metrics"
     return urls
+
+
+def _dashboard_of_the_real_job(tmp_path: Path, url: str, job_id: str) -> None:
+    """The gateway's dashboard draws the real job's training curves (saved as a screenshot
+    in ``MESHRL_SCREENSHOTS`` or the test's tmp dir)."""
+    import os
+
+    from tests.integration.dashboard_browser import HeadlessChromium
+
+    with HeadlessChromium(tmp_path) as browser:
+        page = browser.open(f"{url}/dashboard?interval=300#token={TOKEN}")
+        page.set_width()
+        card = f'document.querySelector(\'section.job[data-job-id="{job_id}"]\')'
+        wait_until(lambda: page.eval(f"!!{card} && {card}.dataset.state") == "succeeded", timeout=30, what="the card")
+
+        def points(metric: str) -> int:
+            return int(page.eval(f"{card}.querySelector('svg[data-metric=\"{metric}\"]').dataset.points"))
+
+        wait_until(lambda: points("loss") >= 1, timeout=30, what="the loss curve")
+        for metric in ("reward_mean", "loss", "kl", "entropy", "grad_norm", "queues"):
+            assert points(metric) >= 1, metric
+        shots = Path(os.environ.get("MESHRL_SCREENSHOTS") or tmp_path / "screens")
+        page.click(f'section.job[data-job-id="{job_id}"] details.logs summary')
+        wait_until(lambda: page.eval(f"{card}.querySelector('pre.log').textContent.length") > 0, what="the job's log")
+        page.screenshot(shots / "dashboard-real-job.png")
+        page.close()
 
 
 def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_model):
@@ -184,6 +227,7 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
             job = wait_until(finished, timeout=800, what="the real job to finish")
             assert job["state"] == "succeeded", job["detail"][-3000:]
             time.sleep(1.0)  # one more gateway scrape with the final state
+            _dashboard_of_the_real_job(tmp_path, gw.http_url, jid)
     finally:
         scraper.stop()
     # Every endpoint answered: gateway, controller, trainer, reward-0, rollout-0.
