@@ -5,6 +5,9 @@
     await server.run(stop_event)  # lease, score, put, ack -- until stop_event is set
     await server.stop()
 
+Validation groups (``meta_info["validate"]``, generated with ``rollout.val_kwargs``) go to
+``validation_stream`` instead, read by the job controller, never trained on.
+
 Delivery: a leased group is acked only after its scored copy was put into ``experience``
 (at-least-once; the trainer dedupes on ``sample_id``). A group that cannot be scored at
 all (missing columns, undecodable ids) is logged, counted in
@@ -67,7 +70,7 @@ class RewardServer:
         self.http: MetricsServer | None = None
         self.grpc_server: grpc.aio.Server | None = None
         self.grpc_port: int | None = None
-        self._inq = self._outq = None
+        self._inq = self._outq = self._valq = None
         self._ready = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -107,9 +110,11 @@ class RewardServer:
                 self.queue_cfg, stream=self.cfg.input_stream, group=self.cfg.consumer_group, consumer=self.consumer,
                 credential=self.credential if self.queue_cfg.type == "embedded" else None,
             )
+            cred = self.credential if self.queue_cfg.type == "embedded" else None
             self._outq = make_queue(self.queue_cfg, stream=self.cfg.output_stream, group=self.cfg.output_group,
-                                    consumer=self.consumer,
-                                    credential=self.credential if self.queue_cfg.type == "embedded" else None)
+                                    consumer=self.consumer, credential=cred)
+            self._valq = make_queue(self.queue_cfg, stream=self.cfg.validation_stream, group=self.cfg.validation_group,
+                                    consumer=self.consumer, credential=cred)
             await self._inq.depth()  # fail fast if the backend is unreachable
 
     async def stop(self) -> None:
@@ -119,7 +124,7 @@ class RewardServer:
         grpc_server, self.grpc_server = self.grpc_server, None
         if grpc_server is not None:
             await grpc_server.stop(grace=1.0)
-        queues, self._inq, self._outq = (self._inq, self._outq), None, None
+        queues, self._inq, self._outq, self._valq = (self._inq, self._outq, self._valq), None, None, None
         for q in queues:
             if q is not None:
                 try:
@@ -195,8 +200,8 @@ class RewardServer:
     def _score_and_encode(self, items: list[Any]) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Exception]]]:
         """Score leased groups and encode the results (off the event loop).
 
-        Returns ``(good, bad)``: ``good`` pairs each leased item with the frame to put,
-        ``bad`` pairs each unusable item with its error.
+        Returns ``(good, bad)``: ``good`` holds each leased item with the frame to put and
+        whether it is a validation group, ``bad`` pairs each unusable item with its error.
         """
         from services import wire
         from services.queues import RawItem
@@ -210,24 +215,28 @@ class RewardServer:
             data = out[0]
             try:
                 ids = tuple(str(s) for s in data.non_tensor_batch["sample_id"].tolist())
-                good.append((it, RawItem(wire.encode(data), ids)))
+                good.append((it, RawItem(wire.encode(data), ids), bool((data.meta_info or {}).get("validate"))))
             except (TypeError, ValueError, KeyError) as exc:
                 self.metrics.malformed.labels("queue").inc()
                 bad.append((it, exc))
         return good, bad
 
-    async def _deliver(self, good: list[tuple[Any, Any]], bad: list[tuple[Any, Exception]]) -> None:
-        """Put the scored groups, then ack them; ack the unusable ones as dropped."""
+    async def _deliver(self, good: list[tuple[Any, Any, bool]], bad: list[tuple[Any, Exception]]) -> None:
+        """Put the scored groups (training ones to ``output_stream``, validation ones to
+        ``validation_stream``), then ack them; ack the unusable ones as dropped."""
         for it, exc in bad:
             log.error("reward: dropping group %s (samples %s): %s", it.id, list(it.sample_ids)[:4], exc)
-        if good:
+        for queue, stream, part in ((self._outq, self.cfg.output_stream, [g for g in good if not g[2]]),
+                                    (self._valq, self.cfg.validation_stream, [g for g in good if g[2]])):
+            if not part:
+                continue
             try:
-                await self._outq.put_frames([raw for _, raw in good], stage="scored")
+                await queue.put_frames([raw for _, raw, _v in part], stage="scored")
             except Exception as exc:  # noqa: BLE001 - not acked: the groups are redelivered later
                 self.metrics.put_failures.inc()
-                log.error("reward: put to %s failed, %d groups left unacked: %s", self.cfg.output_stream, len(good), exc)
+                log.error("reward: put to %s failed, %d groups left unacked: %s", stream, len(part), exc)
             else:
-                await self._inq.ack([it for it, _ in good])
+                await self._inq.ack([it for it, _r, _v in part])
         if bad:
             await self._inq.ack([it for it, _ in bad], stage="dropped")
 

@@ -129,6 +129,13 @@ class RewardConfig(StrictModel):
     output_group: str = Field(
         "trainer", min_length=1, max_length=256, description="Consumer group that reads output_stream (the trainer's)."
     )
+    validation_stream: str = Field(
+        "validation", min_length=1, max_length=256,
+        description="Stream of scored validation groups (meta_info validate=true); read by the job controller.",
+    )
+    validation_group: str = Field(
+        "controller", min_length=1, max_length=256, description="Consumer group that reads validation_stream.",
+    )
     get_batch: int = Field(8, ge=1, le=4096, description="Groups leased per get().")
     get_timeout_s: float = Field(1.0, gt=0, le=600, description="How long one get() waits for input.")
     host: str = Field("127.0.0.1", max_length=255, description="Address the gRPC and metrics servers bind.")
