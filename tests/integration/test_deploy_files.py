@@ -146,7 +146,7 @@ def test_k8s_schema_check_can_fail():
 
 def _promtool(*args: str, cwd: Path = PROM) -> subprocess.CompletedProcess:
     exe = shutil.which("promtool")
-    assert exe, "promtool missing: scripts/install.sh installs the Debian package `prometheus`"
+    assert exe, "promtool missing: `scripts/install.sh --test` installs the Debian package `prometheus`"
     return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
