@@ -104,6 +104,35 @@ async def test_queue_path_scores_drops_malformed_and_acks(redis_server, tok_dir)
 
 
 @pytest.mark.redis
+async def test_validation_groups_go_to_the_validation_stream(redis_server, tok_dir):
+    """A group generated for validation (meta_info validate=true) is scored and routed to
+    ``validation`` (read by the controller), never to the trainer's ``experience``."""
+    qcfg = RedisQueueConfig(url=redis_server.url, namespace="rwv")
+    server = await RewardServer(RewardConfig(get_timeout_s=0.2), load_decoder(tok_dir), queue_cfg=qcfg, consumer="r0").start()
+    producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
+    trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="trainer-0")
+    validation = make_queue(qcfg, stream="validation", group="controller", consumer="controller")
+    try:
+        val = make_group(tok_dir, ["#### 3", "#### 5"], ["3", "3"], uid="job-val0-p0")
+        val.meta_info["validate"] = True
+        await producer.put([val, make_group(tok_dir, ["#### 1"], ["1"], uid="train-0")])
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while await producer.depth() > 0 and loop.time() < end:
+            await server.step()
+        (got,) = await drain(validation, 1)
+        assert got.data.non_tensor_batch["uid"][0] == "job-val0-p0" and got.data.meta_info["validate"] is True
+        assert got.data.batch["token_level_scores"].sum(-1).tolist() == [1.0, 0.0]
+        (trained,) = await drain(trainer, 1)
+        assert trained.data.non_tensor_batch["uid"][0] == "train-0"
+        assert await trainer.depth() == 0 and await validation.depth() == 0
+    finally:
+        for q in (producer, trainer, validation):
+            await q.close()
+        await server.stop()
+
+
+@pytest.mark.redis
 async def test_input_acked_only_after_output_put(redis_server, tok_dir):
     """A full output stream: the put fails, the input stays leased, and is scored later."""
     qcfg = RedisQueueConfig(url=redis_server.url, namespace="rw2", max_depth=1, put_timeout_s=0.3, lease_idle_s=0.5)
