@@ -154,7 +154,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         eos_token_id=eos_id,
         pad_token_id=pad_id,
         use_sliding_window=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
     config.architectures = ["Qwen2ForCausalLM"]
     gen = torch.Generator().manual_seed(spec.seed)
@@ -171,6 +171,9 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id
     model.generation_config.bos_token_id = None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a one-shard bar for a 2 MB file is noise
     model.save_pretrained(out, safe_serialization=True)
     (out / "meshrl_tiny.json").write_text(json.dumps({"spec": asdict(spec), "tokens": n_tok}, indent=1))
     return out

@@ -122,7 +122,7 @@ def test_two_turn_trajectory_token_by_token(rig, tiny_model: str) -> None:
     [out] = el.run(replica.generate_item(_item(prompt, "two", {"tools_kwargs": {"echo": {"create_kwargs": {"start": 4}}}})))
     out = wire.decode(wire.encode(out))  # what the reward service and the trainer receive
     b, nt = out.batch, out.non_tensor_batch
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     eos = set(engine.eos_token_ids)
     for i in range(2):
         assert nt["error"][i] == "" and nt["assistant_turns"][i] == 2 and nt["num_turns"][i] == 4
