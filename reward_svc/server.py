@@ -231,7 +231,14 @@ class RewardServer:
             if not part:
                 continue
             try:
-                await queue.put_frames([raw for _, raw, _v in part], stage="scored")
+                # "scored" goes to the ledger once: a redelivered group must not set back
+                # samples the trainer already took
+                first = [raw for it, raw, _v in part if getattr(it, "delivery_count", 1) <= 1]
+                again = [raw for it, raw, _v in part if getattr(it, "delivery_count", 1) > 1]
+                if first:
+                    await queue.put_frames(first, stage="scored")
+                if again:
+                    await queue.put_frames(again)
             except Exception as exc:  # noqa: BLE001 - not acked: the groups are redelivered later
                 self.metrics.put_failures.inc()
                 log.error("reward: put to %s failed, %d groups left unacked: %s", stream, len(part), exc)

@@ -19,6 +19,11 @@ class RolloutMetrics:
         r = self.registry
         self.tokens = Counter("meshrl_rollout_tokens", "Response tokens generated (response_mask sum)", registry=r)
         self.groups = Counter("meshrl_rollout_groups", "Prompt groups generated", registry=r)
+        self.samples = Counter("meshrl_rollout_samples", "Samples generated and delivered to the rollouts stream", registry=r)
+        self.regenerated = Counter(
+            "meshrl_rollout_regenerated_samples",
+            "Samples generated again from a prompt item redelivered after a crash or an idle lease", registry=r,
+        )
         self.sample_errors = Counter("meshrl_rollout_sample_errors", "Samples reported with an error", registry=r)
         self.failed_items = Counter(
             "meshrl_rollout_failed_items", "Prompt items left leased after a failure (retried via reclaim)", registry=r

@@ -247,7 +247,14 @@ class Replica:
                 continue
             batch, self._outbox = self._outbox[: self.MAX_WRITE_ITEMS], self._outbox[self.MAX_WRITE_ITEMS :]
             try:
-                await self.rollouts.put([g for _, outs, _ in batch for g in outs])
+                # the ledger records "generated" once: a redo (after a crash) must not set back
+                # samples a later stage already reached
+                first = [g for leased, outs, _ in batch if leased.delivery_count <= 1 for g in outs]
+                again = [g for leased, outs, _ in batch if leased.delivery_count > 1 for g in outs]
+                if first:
+                    await self.rollouts.put(first, stage="generated")
+                if again:
+                    await self.rollouts.put(again)
                 await self.prompts.ack([leased for leased, _, _ in batch])
             except asyncio.CancelledError:
                 for *_, done in batch:
@@ -267,6 +274,10 @@ class Replica:
             outs = await self.generate_item(leased.data)
             await self._deliver(leased, outs)
             self.groups_done += len(outs)
+            samples = sum(len(o) for o in outs)
+            self.metrics.samples.inc(samples)
+            if leased.delivery_count > 1:
+                self.metrics.regenerated.inc(samples)
         except asyncio.CancelledError:
             raise
         except Exception:  # keep the lease: the item is reclaimed and retried, never lost

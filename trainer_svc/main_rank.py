@@ -22,7 +22,10 @@ def _make_source(spec: TrainerServiceSpec, vocab_size: int, consumer: str | None
     from services.queues import make_queue
 
     queue = make_queue(spec.queue, stream="experience", group="trainer", consumer=consumer or "trainer-0")
-    return QueueIntake(queue, train_batch_size=spec.train_batch_size, max_staleness=spec.max_staleness)
+    # With periodic checkpoints, a step's items are acked once a checkpoint holds it: a hard
+    # kill then neither loses a trained step nor trains an item twice.
+    return QueueIntake(queue, train_batch_size=spec.train_batch_size, max_staleness=spec.max_staleness,
+                       defer_acks=spec.trainer.save_freq > 0)
 
 
 def run_rank(spec: TrainerServiceSpec, *, consumer: str | None = None, log_level: str = "INFO") -> int:

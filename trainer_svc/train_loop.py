@@ -66,10 +66,14 @@ class TrainerMetrics:
             "meshrl_trainer_nonfinite_steps_total", "optimizer steps skipped for a NaN/inf loss", registry=r
         )
         self.version = Gauge("meshrl_trainer_policy_version", "current policy version", registry=r)
-        self.samples = Counter("meshrl_trainer_samples_total", "samples trained on", registry=r)
+        self.samples = Counter("meshrl_trainer_samples_total",
+                               "samples consumed by committed steps (trained, or skipped as non-finite)", registry=r)
         self.tokens = Counter("meshrl_trainer_tokens_total", "tokens (prompt+response) trained on", registry=r)
         self.stale = Counter("meshrl_trainer_dropped_stale_samples_total", "samples dropped as too stale", registry=r)
-        self.errors = Counter("meshrl_trainer_dropped_error_samples_total", "samples dropped as failed", registry=r)
+        self.errors = Counter("meshrl_trainer_dropped_error_samples_total",
+                              "samples dropped for a rollout error (no usable response)", registry=r)
+        self.failed = Counter("meshrl_trainer_failed_score_samples_total",
+                              "samples trained with score 0 because the reward function failed", registry=r)
         self.staleness = Histogram(
             "meshrl_trainer_staleness_versions", "policy-version lag of trained samples",
             buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32, math.inf), registry=r,
@@ -128,6 +132,7 @@ class TrainerService:
         self.step_no = self._saved_step = state["step"]
         if self.source is not None:
             self.source.restore(state)
+            self._sync_counters()  # the sample counters continue from the checkpoint
 
     def status(self) -> dict[str, Any]:
         r = self.last_result
@@ -163,7 +168,8 @@ class TrainerService:
             self.last_result = result
             self._consecutive_nonfinite = 0 if result.applied else self._consecutive_nonfinite + 1
             t3 = time.perf_counter()
-            if spec.trainer.save_freq > 0 and self.step_no % spec.trainer.save_freq == 0:
+            # or early: the items held for the next checkpoint would fill the experience stream
+            if (spec.trainer.save_freq > 0 and self.step_no % spec.trainer.save_freq == 0) or control.get("save"):
                 self._save()
             t4 = time.perf_counter()
             self._report(result, pending, {"compute": t1 - t0, "publish": t2 - t1, "commit": t3 - t2, "checkpoint": t4 - t3})
@@ -190,6 +196,7 @@ class TrainerService:
             beat_every = min(10.0, spec.trainer.collective_timeout_s / 4)
 
             def heartbeat() -> None:
+                self._sync_counters()  # drops count as finished at once (admission control)
                 if time.monotonic() - last_beat[0] >= beat_every:
                     broadcast_message({"cmd": "wait"}, None, group=self.ctx.cpu_group)
                     last_beat[0] = time.monotonic()
@@ -208,6 +215,8 @@ class TrainerService:
                 pending, control = None, {"cmd": "stop", "checkpoint": True, "code": 4}
             else:
                 control = {"cmd": "train"} if pending is not None else {"cmd": "stop", "checkpoint": True}
+                if pending is not None and getattr(self.source, "needs_checkpoint", lambda: False)():
+                    control["save"] = True
             wait = time.perf_counter() - t0
             self._t_wait += wait
             if self.metrics is not None:
@@ -252,6 +261,27 @@ class TrainerService:
         extra = self.source.state() if self.ctx.rank == 0 and self.source is not None else {}
         self.ckpt.save(self.step_no, self.worker, extra)
         self._saved_step = self.step_no
+        acks_due = getattr(self.source, "acks_due", None) if self.ctx.rank == 0 else None
+        if acks_due is not None:
+            try:
+                self._loop.run_until_complete(acks_due())
+            except Exception as exc:  # noqa: BLE001 - left leased: covered by the checkpoint, acked on restart
+                logger.error("acking the items of checkpoint %d failed (acked after a restart): %s", self.step_no, exc)
+
+    def _sync_counters(self) -> None:
+        """Bring the Prometheus sample counters up to the intake's running totals."""
+        mt, src = self.metrics, self.source
+        if mt is None or src is None:
+            return
+        c = src.counters
+        seen = self.__dict__.setdefault("_seen", {})
+        totals = {"samples": c.samples_trained + c.samples_nonfinite, "stale": c.dropped_stale,
+                  "error": c.dropped_error, "failed": c.scored_failed}
+        for key, metric in (("samples", mt.samples), ("stale", mt.stale), ("error", mt.errors), ("failed", mt.failed)):
+            now = totals[key]
+            if now > seen.get(key, 0):
+                metric.inc(now - seen.get(key, 0))
+            seen[key] = max(now, seen.get(key, 0))
 
     def _report(self, result: StepResult, pending: Any, seconds: dict[str, float]) -> None:
         if self.ctx.rank != 0:
@@ -280,16 +310,12 @@ class TrainerService:
         mt.steps.inc()
         mt.skipped.inc(result.skipped_steps)
         mt.version.set(result.version)
-        mt.samples.inc(result.samples)
         mt.tokens.inc(result.tokens)
         for lag in pending.staleness:
             mt.staleness.observe(lag)
         for key, gauge in mt.gauges.items():
             if key in m and math.isfinite(m[key]):
                 gauge.set(m[key])
-        c = self.source.counters
-        mt.stale.inc(max(0, c.dropped_stale - getattr(self, "_seen_stale", 0)))
-        mt.errors.inc(max(0, c.dropped_error - getattr(self, "_seen_err", 0)))
-        self._seen_stale, self._seen_err = c.dropped_stale, c.dropped_error
+        self._sync_counters()
         total = time.monotonic() - self._t_start
         mt.idle.set(self._t_wait / total if total > 0 else 0.0)

@@ -23,3 +23,14 @@ def load_spec_or_report(args: argparse.Namespace) -> Any | None:
     except JobSpecError as exc:
         print(f"{args.spec}: {exc}", file=sys.stderr)
         return None
+
+
+def check_inputs_or_report(spec: Any, spec_path: str) -> bool:
+    """True when the model and data files of ``spec`` can be read; else print one line per
+    problem to stderr and return False."""
+    from services.data.check import check_inputs
+
+    problems = check_inputs(spec)
+    for line in problems:
+        print(f"{spec_path}: {line}", file=sys.stderr)
+    return not problems

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli.common import add_spec_arguments, load_spec_or_report
+from services.cli.common import add_spec_arguments, check_inputs_or_report, load_spec_or_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     spec = load_spec_or_report(args)
-    if spec is None:
+    if spec is None or not check_inputs_or_report(spec, args.spec):
         return 2
     run_dir = Path(args.run_dir or f"runs/{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     from services.launch.controller import JobController

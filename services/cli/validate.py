@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli.common import add_spec_arguments, load_spec_or_report
+from services.cli.common import add_spec_arguments, check_inputs_or_report, load_spec_or_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     from services.config.job import dump_job
 
     spec = load_spec_or_report(args)
-    if spec is None:
+    if spec is None or not check_inputs_or_report(spec, args.spec):
         return 2
     sys.stdout.write(dump_job(spec))
     return 0

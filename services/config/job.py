@@ -24,6 +24,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from services.config.base import StrictModel
+from services.config.restart import RestartConfig
 
 
 class JobSpecError(ValueError):
@@ -85,6 +86,7 @@ class ServicesConfig(StrictModel):
     trainer: TrainerResources = Field(default_factory=TrainerResources, description="trainer ranks")
     host: str = Field("127.0.0.1", description="address the job's services bind and meet on")
     base_port: int = Field(0, ge=0, le=65000, description="first port of the job's range; 0 picks free ports")
+    restart: RestartConfig = Field(default_factory=RestartConfig, description="restart policy, liveness and stall deadlines")
 
 
 class AsyncConfig(StrictModel):

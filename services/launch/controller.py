@@ -1,14 +1,20 @@
 """The job controller behind ``meshrl run``: one job on this machine.
 
 It hosts the embedded queue broker (when ``queues.type == "embedded"``), writes one
-resolved config per service (STYLE.md #8), starts the trainer, the reward workers and
-the rollout replicas as child processes, feeds prompts with admission control, and
-watches: the first service to crash stops the job (saying which and why), Ctrl-C stops
-it cleanly, and the trainer finishing ``trainer.total_steps`` ends it. Progress goes to
-a bar on stderr, to ``<run_dir>/status.json`` (read by the gateway's local launcher) and
-to the controller's own ``/metrics`` (feeder, queue depths, the embedded broker's ledger:
-:mod:`services.launch.control_metrics`; its URL is ``metrics_url`` in ``status.json``); at
-the end ``<run_dir>/summary.json`` and PNG plots.
+resolved config per service, starts the trainer, the reward workers and the rollout
+replicas as child processes, feeds prompts with admission control, and supervises them
+with the restart policy of :mod:`services.launch.supervision` (``services.restart``): a
+crashed or silent service is restarted with backoff while the rest keeps running, the
+job fails only when a service exhausts its budget or the job stalls past its deadline
+(saying which and why). SIGTERM / Ctrl-C stops every service at once (the trainer acks
+and checkpoints the step in progress); the trainer finishing ``trainer.total_steps``
+ends the job. Running the same command on the same run dir resumes it: the broker's
+file, the feeder's position (``feeder.json``) and the trainer's checkpoint agree.
+Progress goes to a bar on stderr, to ``<run_dir>/status.json`` (read by the gateway's
+local launcher; the final state always reaches it) and to the controller's own
+``/metrics`` (the job ledger and restarts; feeder, queue depths and the embedded broker's
+per-stage ledger from :mod:`services.launch.control_metrics`; its URL is ``metrics_url``
+in ``status.json``); at the end ``summary.json`` and PNG plots.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,11 +33,51 @@ import yaml
 
 from services import auth
 from services.config.job import dump_job
-from services.launch.procs import ServiceFailed, ServiceProcess, become_subreaper, kill_adopted, python_module_argv
+from services.launch.ledger import Ledger, audit
+from services.launch.procs import (ServiceFailed, ServiceProcess, become_subreaper, http_get, kill_adopted,
+                                   log_tail, python_module_argv)
 from services.launch.report import History, scrape, write_report
+from services.launch.supervision import Supervisor, stall_reason
 from services.net import free_port
 
 log = logging.getLogger("meshrl.run")
+
+
+class BrokerThread:
+    """The embedded broker on an event loop of its own thread: nothing the controller does
+    (loading the data set, writing plots, waiting on a service) can keep the services
+    from reaching their queues."""
+
+    def __init__(self, host: str, port: int, aof_path: Path, credential: "auth.JobCredential | None" = None) -> None:
+        self.host, self.port, self.aof_path, self.credential = host, port, aof_path, credential
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="embedded-broker", daemon=True)
+        self.broker = None
+
+    def start(self) -> "BrokerThread":
+        from services.queues.broker_server import EmbeddedBroker
+
+        self.thread.start()
+        self.broker = asyncio.run_coroutine_threadsafe(
+            EmbeddedBroker(host=self.host, port=self.port, aof_path=self.aof_path, credential=self.credential).start(),
+            self.loop).result(120)
+        return self
+
+    async def ledger_stages(self) -> list[str]:
+        """The latest stage of every sample in the broker's ledger (read on its own loop)."""
+
+        async def read() -> list[str]:
+            return list(self.broker.state.ledger.values())
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(read(), self.loop))
+
+    def stop(self) -> None:
+        try:
+            if self.broker is not None:
+                asyncio.run_coroutine_threadsafe(self.broker.stop(), self.loop).result(30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
 
 
 class JobController:
@@ -47,16 +94,21 @@ class JobController:
         self._t0 = time.monotonic()
         self.state = "pending"
         self.detail = ""
+        self.sup = Supervisor(spec.services.restart, [])
+        self.ledger = Ledger(self.run_dir, spec.rollout.n)
+        self.feeder = None
+        self.queues: dict[str, int] = {}
         self.metrics_url: str | None = None
-        self._broker = None
-        self._feeder = None
-        self._queues: dict[str, int] = {}
+        self._broker: BrokerThread | None = None
+        self._restarting: dict[str, asyncio.Task] = {}
+        self._scrapes: dict[str, dict[str, float]] = {}  # the last /metrics of each live service
+        self._stopping = False
         self.credential: auth.JobCredential | None = None
         self.credential_file = self.run_dir / auth.FILE_NAME
 
     def _make_credential(self) -> auth.JobCredential:
         """This job's own secret: a new one per run, in ``<run_dir>/job.credential`` (0600),
-        handed to every service through ``MESHRL_JOB_CREDENTIAL_FILE``."""
+        handed to every service through ``MESHRL_JOB_CREDENTIAL_FILE`` (restarted ones too)."""
         cred = auth.JobCredential.generate()
         cred.write(self.credential_file)
         return cred
@@ -121,15 +173,25 @@ class JobController:
     # ------------------------------------------------------------------ main
 
     def run(self) -> int:
-        """Run the job to the end; returns the exit code (0 done, 1 a service failed, 130 interrupted)."""
+        """Run the job to the end; returns the exit code (0 done, 1 failed, 130 interrupted)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         become_subreaper()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
+        code = 1
         try:
-            return asyncio.run(self._main())
+            code = asyncio.run(self._main())
+            return code
+        except BaseException as exc:  # the final state always reaches status.json
+            if self.state not in ("failed", "cancelled"):
+                self.state, self.detail = "failed", f"controller error: {type(exc).__name__}: {exc}"
+                self._log(f"meshrl run: {self.detail}")
+            raise
         finally:
             self._stop_all()
+            if self.state in ("pending", "starting", "running"):
+                self.state = "failed" if code else self.state
+                self.detail = self.detail or "the controller stopped unexpectedly"
             self._write_status()
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -140,101 +202,125 @@ class JobController:
         broker = None
         self.credential = self._make_credential()
         self.broker_port = free_port(spec.services.host)
-        from services.launch.control_metrics import ControlMetrics
-        from services.metrics.server import MetricsServer
-
-        self.control = ControlMetrics()
-        http = MetricsServer(self.control.registry, host=spec.services.host, port=free_port(spec.services.host)).start()
-        self.metrics_url = f"http://{spec.services.host}:{http.port}/metrics"
         if spec.queues.type == "embedded":
-            from services.queues.broker_server import EmbeddedBroker
-
-            broker = self._broker = await EmbeddedBroker(host=spec.services.host, port=self.broker_port,
-                                                         aof_path=self.run_dir / "broker.aof",
-                                                         credential=self.credential).start()
+            broker = self._broker = await asyncio.to_thread(BrokerThread(spec.services.host, self.broker_port,
+                                                                         self.run_dir / "broker.aof",
+                                                                         self.credential).start)
+        server = self._start_metrics()
         try:
             configs = self._resolved_configs()
             self.state = "starting"
             self._write_status()
-            trainer = self._service("trainer", configs["trainer"])
-            self.procs.append(trainer.start())
-            others = [self._service(n, p) for n, p in configs.items() if n != "trainer"]
-            for p in others:
-                self.procs.append(p.start())
+            self.procs = [self._service(n, p) for n, p in configs.items()]
             for p in self.procs:
+                p.start()
+            # all at once; a service that never becomes ready is misconfigured: restarting
+            # cannot help, the job fails at once naming it
+            failed: list[ServiceFailed] = []
+
+            async def ready(p: ServiceProcess) -> None:
                 timeout = spec.rollout.engine_startup_timeout_s if p.name.startswith("rollout") else 600.0
-                await asyncio.to_thread(p.wait_ready, timeout)
-                self._log(f"{p.name} ready")
+                try:
+                    await asyncio.to_thread(p.wait_ready, timeout, lambda: self._stop_signal is not None or bool(failed))
+                except ServiceFailed as exc:
+                    failed.append(exc)
+                    return
+                if self._stop_signal is None and not failed:
+                    self.sup.started(p.name, time.monotonic())
+                    self._log(f"{p.name} ready")
+                    self._write_status()
+
+            await asyncio.gather(*(ready(p) for p in self.procs))
+            if failed:
+                raise failed[0]
+            if self._stop_signal is not None:
+                self.state, self.detail = "cancelled", f"stopped by signal {self._stop_signal}"
+                return 130
                 if self._stop_signal is not None:
+                    self.state, self.detail = "cancelled", f"stopped by signal {self._stop_signal}"
                     return 130
             self.state = "running"
-            return await self._loop(trainer)
+            return await self._loop()
         except ServiceFailed as exc:
             self.state, self.detail = "failed", str(exc)
             self._log(f"meshrl run: {exc}")
             return 1
         finally:
-            self._stop_all()
+            self._stopping = True
+            for task in self._restarting.values():
+                task.cancel()
+            # Off the event loop: it hosts the embedded broker, which the trainer needs to
+            # reach while it acks and checkpoints the step in progress.
+            await asyncio.to_thread(self._stop_all)
+            await self._final_audit()
+            await self._broker_ledger()
             if broker is not None:
-                self.control.set_ledger(broker.state.ledger.values())
-                await broker.stop()
-            http.stop()
+                await asyncio.to_thread(broker.stop)
+            server.stop()
 
-    async def _loop(self, trainer: ServiceProcess) -> int:
+    def _queue_credential(self):
+        return self.credential if self.spec.queues.type == "embedded" else None
+
+    def _queue_cfg(self):
+        cfg = self.spec.queues
+        if cfg.type == "embedded":
+            cfg = cfg.model_copy(update={"address": f"{self.spec.services.host}:{self.broker_port}"})
+        return cfg
+
+    async def _loop(self) -> int:
         from services.queues import make_queue
 
         spec = self.spec
-        queues_cfg = spec.queues
-        if queues_cfg.type == "embedded":
-            queues_cfg = queues_cfg.model_copy(update={"address": f"{spec.services.host}:{self.broker_port}"})
         qm = self.control.queues
-        cred = self.credential if queues_cfg.type == "embedded" else None
-        prompts = make_queue(queues_cfg, stream="prompts", group="controller", consumer="feeder", metrics=qm,
+        cred = self._queue_credential()
+        prompts = make_queue(self._queue_cfg(), stream="prompts", group="controller", consumer="feeder", metrics=qm,
                              credential=cred)
-        watched = {name: make_queue(queues_cfg, stream=name, group=group, consumer="controller", metrics=qm,
+        watched = {name: make_queue(self._queue_cfg(), stream=name, group=group, consumer="controller", metrics=qm,
                                     credential=cred)
                    for name, group in (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))}
-        feeder = self._feeder = self._make_feeder(prompts)
-        trainer_url = yaml.safe_load((self.run_dir / "configs" / "trainer.yaml").read_text())["trainer"]
-        trainer_url = f"http://{spec.services.host}:{trainer_url['metrics_port']}"
-        rollout_urls = [p.ready_url.rsplit("/", 1)[0] for p in self.procs if p.name.startswith("rollout")]
+        self.feeder = await asyncio.to_thread(self._make_feeder, prompts)  # tokenizes the data set
+        self.ledger.prompts_fed = self.feeder.state.fed
+        if self.feeder.state.fed:
+            self._log(f"resuming: {self.feeder.state.fed} prompts fed before (epoch {self.feeder.state.epoch}, "
+                      f"position {self.feeder.state.cursor})")
         bar = self._progress_bar()
-        n = spec.rollout.n
+        self.sup.touch(time.monotonic())
         try:
             while True:
                 if self._stop_signal is not None:
                     self.state, self.detail = "cancelled", f"stopped by signal {self._stop_signal}"
-                    self._log("meshrl run: interrupted; stopping the services (the trainer checkpoints first)")
+                    self._log("meshrl run: interrupted; stopping the services (the trainer checkpoints first); "
+                              f"resume with the same command and --run-dir {self.run_dir}")
                     return 130
-                tokens, served = 0.0, []
-                for u in rollout_urls:
-                    r = await asyncio.to_thread(scrape, u + "/metrics")
-                    tokens += r.get("meshrl_rollout_tokens_total", 0.0)
-                    served.append(r.get("meshrl_rollout_served_version"))
-                if self.history.read(tokens, time.monotonic() - self._t0) and bar is not None:
-                    last = self.history.steps[-1]
-                    bar.update(last["step"] - bar.n)
-                    bar.set_postfix(reward=f"{last['reward_mean']:.3f}", staleness=f"{last['staleness']:.2f}",
-                                    tok_s=f"{last['tokens_per_s']:.0f}")
-                if trainer.returncode == 0:
-                    self.history.read(tokens, time.monotonic() - self._t0)  # lines written just before exit
-                    if bar is not None and self.history.steps:
-                        bar.update(self.history.steps[-1]["step"] - bar.n)
-                    self.state, self.detail = "succeeded", f"trained {spec.trainer.total_steps} steps"
-                    return 0
-                for p in self.procs:
-                    if p.returncode is not None:
-                        raise ServiceFailed(p.failure())
-                t = await asyncio.to_thread(scrape, trainer_url + "/metrics")
-                finished = (t.get("meshrl_trainer_samples_total", 0.0) + t.get("meshrl_trainer_dropped_stale_samples_total", 0.0)
-                            + t.get("meshrl_trainer_dropped_error_samples_total", 0.0)) / n
-                current = t.get("meshrl_trainer_policy_version")
-                put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s,
-                                          replicas_current=current is not None and all(v == current for v in served))
-                self.control.fed(put, feeder.state.fed, int(finished), feeder.max_in_flight)
-                if self._broker is not None:
-                    self.control.set_ledger(self._broker.state.ledger.values())
-                self._write_status(feeder=feeder, queues=await self._depths(watched))
+                trainer = self._proc("trainer")
+                if trainer.returncode == 0 and "trainer" not in self._restarting:
+                    await self._observe(bar)  # the lines it wrote just before exiting
+                    last = max((r["step"] for r in self.history.steps), default=0)
+                    if last >= spec.trainer.total_steps:
+                        self.state, self.detail = "succeeded", f"trained {spec.trainer.total_steps} steps"
+                        return 0
+                    trainer.kill_reason = f"stopped at step {last} of {spec.trainer.total_steps}"
+                self._supervise()
+                await self._heartbeats()
+                await self._observe(bar)
+                finished = self.ledger.finished_prompts()
+                if finished is not None and "trainer" not in self._restarting:
+                    current = self._scrapes.get("trainer", {}).get("meshrl_trainer_policy_version")
+                    served = [self._scrapes.get(p.name, {}).get("meshrl_rollout_served_version")
+                              for p in self.procs if p.name.startswith("rollout")]
+                    try:
+                        put = await self.feeder.top_up(
+                            int(finished), timeout=min(5.0, spec.queues.put_timeout_s),
+                            replicas_current=current is not None and all(v == current for v in served))
+                    except Exception as exc:  # noqa: BLE001 - a queue outage: fed on a later round
+                        self._log(f"feeder: put failed, retrying: {type(exc).__name__}: {exc}")
+                        put = 0
+                    self.ledger.prompts_fed = self.feeder.state.fed
+                    self.control.fed(put, self.feeder.state.fed, int(finished), self.feeder.max_in_flight)
+                    await self._broker_ledger()
+                self.queues = await self._depths(watched)
+                self._check_stall()
+                self._write_status()
                 # sync mode waits on the controller to see each step end: poll faster there
                 await asyncio.sleep(self.poll_s if spec.async_.mode == "async" else min(self.poll_s, 0.1))
         finally:
@@ -243,6 +329,140 @@ class JobController:
             await prompts.close()
             for q in watched.values():
                 await q.close()
+
+    # ------------------------------------------------------------------ supervision
+
+    def _proc(self, name: str) -> ServiceProcess:
+        return next(p for p in self.procs if p.name == name)
+
+    def _supervise(self) -> None:
+        """Restart services that exited (or fail the job when one is out of budget)."""
+        for p in self.procs:
+            if self._stop_signal is not None:
+                return  # a group-wide SIGTERM (gateway cancel) also stops the services: not a crash
+            if p.name in self._restarting or p.returncode is None:
+                continue
+            if p.name == "trainer":
+                self.ledger.trainer = {}  # its successor reports counters restored from the checkpoint
+            how = f"exited with code {p.returncode}" + (f" ({p.kill_reason})" if p.kill_reason else "")
+            decision = self.sup.exited(p.name, how, time.monotonic())
+            self._reap_orphans()
+            if decision.action == "fail":
+                raise ServiceFailed(f"{decision.reason}; last lines of {p.log_path}:\n{log_tail(p.log_path)}")
+            self._log(f"meshrl run: {decision.reason}")
+            self._restarting[p.name] = asyncio.create_task(self._restart(p, decision.delay_s))
+
+    async def _restart(self, p: ServiceProcess, delay: float) -> None:
+        try:
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            p.kill_reason = ""
+            p.start()
+            timeout = self.spec.rollout.engine_startup_timeout_s if p.name.startswith("rollout") else 600.0
+            try:
+                await asyncio.to_thread(p.wait_ready, timeout)
+            except ServiceFailed as exc:
+                if p.returncode is None:  # alive but never ready: counts as a crash
+                    p.kill_reason = "not ready after restart"
+                    p.signal(signal.SIGKILL)
+                    await asyncio.to_thread(p.proc.wait)
+                self._log(f"meshrl run: {p.name} failed to come back: {str(exc).splitlines()[0]}")
+                return
+            self.sup.started(p.name, time.monotonic())
+            self._log(f"{p.name} ready again")
+        finally:
+            self._restarting.pop(p.name, None)
+
+    async def _heartbeats(self) -> None:
+        """Probe every running service's /health; kill those silent past the deadline."""
+        live = [p for p in self.procs if p.name not in self._restarting and p.returncode is None and p.ready_url]
+        oks = await asyncio.gather(*(asyncio.to_thread(http_get, p.ready_url.rsplit("/", 1)[0] + "/health", 1.0)
+                                     for p in live))
+        now = time.monotonic()
+        self._silent = []
+        for p, (status, _) in zip(live, oks):
+            if status == 200:
+                self.sup.beat(p.name, now)
+            else:
+                self._silent.append(p.name)
+        for name, why in self.sup.stuck(now):
+            p = self._proc(name)
+            if p.returncode is None and name not in self._restarting:
+                self._log(f"meshrl run: {name} is stuck ({why}); killing it")
+                p.kill_reason = why
+                p.signal(signal.SIGCONT)
+                p.signal(signal.SIGKILL)
+                await asyncio.to_thread(p.proc.wait)
+
+    def _reap_orphans(self) -> None:
+        """Kill helpers a dead service left behind (vLLM engine processes), adopted by us."""
+        keep = {p.proc.pid for p in self.procs if p.proc is not None and p.returncode is None}
+        gone = kill_adopted(exclude=keep)
+        if gone:
+            log.warning("killed %d process(es) left behind by a dead service", len(gone))
+
+    def _check_stall(self) -> None:
+        in_flight = self.feeder.state.fed - int(self.ledger.finished_prompts() or 0)
+        down = getattr(self, "_silent", [])
+        why = stall_reason(self.queues, in_flight=in_flight, max_in_flight=self.feeder.max_in_flight,
+                           restarting=list(self._restarting), down=down)
+        stall = self.sup.stall(time.monotonic(), why)
+        if stall is None:
+            if self.detail.startswith("stalled"):
+                self.detail = ""
+            return
+        if not self.detail.startswith("stalled") or int(stall.seconds) % 60 == 0:
+            self._log(f"meshrl run: stalled: {stall.reason}")
+        self.detail = f"stalled: {stall.reason}"
+        if stall.fatal:
+            raise ServiceFailed(f"job stalled: {stall.reason}")
+
+    async def _observe(self, bar) -> None:
+        """Scrape every service into the ledger and the step history."""
+        live = [p for p in self.procs if p.name not in self._restarting and p.returncode is None and p.ready_url]
+        urls = {p.name: p.ready_url.rsplit("/", 1)[0] + "/metrics" for p in live}
+        scrapes = await asyncio.gather(*(asyncio.to_thread(scrape, u) for u in urls.values()))
+        self._scrapes = {}
+        for name, got in zip(urls, scrapes):
+            self.ledger.observe(name, got)
+            self._scrapes[name] = got
+        c = self.ledger.counts()
+        self.sup.progress({k: c[k] for k in ("generated", "scored", "trained", "dropped_stale", "dropped_error")},
+                          time.monotonic())
+        if self.history.read(self.ledger.tokens(), time.monotonic() - self._t0) and bar is not None:
+            last = self.history.steps[-1]
+            bar.update(last["step"] - bar.n)
+            bar.set_postfix(reward=f"{last['reward_mean']:.3f}", staleness=f"{last['staleness']:.2f}",
+                            tok_s=f"{last['tokens_per_s']:.0f}")
+
+    async def _final_audit(self) -> None:
+        """The per-sample check of the ledger (from the queue) once every service stopped."""
+        if self.feeder is None or not self.feeder.state.fed:
+            return
+        from services.queues import make_queue
+
+        self.ledger.read_checkpoint(Path(self.spec.trainer.default_local_dir) if Path(
+            self.spec.trainer.default_local_dir).is_absolute() else self.run_dir / self.spec.trainer.default_local_dir)
+
+        q = make_queue(self._queue_cfg(), stream="experience", group="trainer", consumer="controller",
+                       credential=self._queue_credential())
+        try:
+            self.ledger.audited = await asyncio.wait_for(
+                audit(q, self.feeder.fed_uids(), self.spec.rollout.n, self.ledger.counts()["trained"]), 60)
+        except Exception as exc:  # noqa: BLE001 - the audit is a report, never a failure
+            log.warning("ledger audit failed: %s", exc)
+        finally:
+            await q.close()
+        self.ledger.save()
+
+    async def _broker_ledger(self) -> None:
+        """The embedded broker's per-stage ledger into ``meshrl_ledger_samples{stage}``."""
+        if self._broker is not None and self._broker.broker is not None:
+            try:
+                self.control.set_ledger(await asyncio.wait_for(self._broker.ledger_stages(), 5.0))
+            except Exception as exc:  # noqa: BLE001 - a metric, never fatal
+                log.warning("reading the broker's ledger failed: %s", exc)
 
     async def _depths(self, queues: dict) -> dict[str, int]:
         out = {}
@@ -256,9 +476,39 @@ class JobController:
     def _make_feeder(self, queue):
         from services.launch.feeder import build_feeder
 
-        return build_feeder(self.spec, queue, log=self._log)
+        return build_feeder(self.spec, queue, log=self._log, state_path=self.run_dir / "feeder.json")
 
     # ------------------------------------------------------------------ helpers
+
+    def _start_metrics(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from services.launch.control_metrics import ControlMetrics
+        from services.metrics import MetricsServer
+
+        ctl = self
+
+        class _Collector:
+            def collect(self):
+                fam = CounterMetricFamily("meshrl_job_ledger_samples",
+                                          "samples per job ledger stage, over restarts (docs/supervision.md)",
+                                          labels=["stage"])
+                for stage, v in ctl.ledger.counts().items():
+                    fam.add_metric([stage], float(v))
+                yield fam
+                rs = CounterMetricFamily("meshrl_job_service_restarts", "restarts per service", labels=["service"])
+                for name, v in ctl.sup.restarts().items():
+                    rs.add_metric([name], float(v))
+                yield rs
+                st = GaugeMetricFamily("meshrl_job_stalled", "1 while the job makes no progress")
+                st.add_metric([], 1.0 if ctl.detail.startswith("stalled") else 0.0)
+                yield st
+
+        self.control = ControlMetrics()
+        self.control.registry.register(_Collector())
+        server = MetricsServer(self.control.registry, host=self.spec.services.host, port=0, status=self._status).start()
+        self.metrics_url = f"http://{self.spec.services.host}:{server.port}/metrics"
+        return server
 
     def _progress_bar(self):
         if not self.progress:
@@ -271,30 +521,46 @@ class JobController:
         print(msg, flush=True)
 
     def _stop_all(self) -> None:
-        """Trainer first (it checkpoints on SIGTERM), then the replicas and reward workers."""
-        for p in sorted(self.procs, key=lambda p: p.name != "trainer"):
-            p.stop(grace=30.0 if p.name == "trainer" else 15.0)
+        """SIGTERM to every service at once, then wait for each (SIGKILL after its grace):
+        the trainer acks and checkpoints the step in progress, the others just stop."""
+        live = [p for p in self.procs if p.returncode is None]
+        for p in live:
+            p.signal(signal.SIGCONT)  # a stopped process must be able to act on the SIGTERM
+            p.signal(signal.SIGTERM)
+        threads = [threading.Thread(target=p.stop, kwargs={"grace": 60.0 if p.name == "trainer" else 15.0})
+                   for p in live]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         leftovers = kill_adopted()
         if leftovers:
             log.warning("killed %d leftover descendant process(es) of the job's services", len(leftovers))
 
-    def _write_status(self, feeder=None, queues: dict | None = None) -> None:
-        # the final write (after the loop) keeps the last figures the loop saw
-        feeder = feeder or self._feeder
-        if queues is not None:
-            self._queues = queues
-        queues = self._queues
+    def _status(self) -> dict[str, Any]:
         last = self.history.steps[-1] if self.history.steps else {}
-        status = {
+        tps = last.get("tokens_per_s")
+        return {
             "state": self.state, "detail": self.detail, "step": last.get("step", 0),
             "total_steps": self.spec.trainer.total_steps, "reward_mean": last.get("reward_mean"),
-            "staleness": last.get("staleness"), "tokens_per_s": last.get("tokens_per_s"),
-            "prompts_fed": feeder.state.fed if feeder else None, "elapsed_s": round(time.monotonic() - self._t0, 1),
-            "pid": os.getpid(), "queues": queues or {}, "metrics_url": self.metrics_url,
+            "staleness": last.get("staleness"), "tokens_per_s": None if tps is None else max(0.0, tps),
+            "prompts_fed": self.feeder.state.fed if self.feeder else None,
+            "elapsed_s": round(time.monotonic() - self._t0, 1),
+            "pid": os.getpid(), "queues": self.queues, "metrics_url": self.metrics_url,
             **{k: last.get(k) for k in ("loss", "kl", "entropy", "grad_norm", "logprob_diff", "val_score")},
+            "ledger": self.ledger.as_dict(), "restarts": self.sup.restarts(),
+            "services": {p.name: {"pid": p.proc.pid if p.proc else None, "alive": p.returncode is None,
+                                  "restarts": self.sup.restarts().get(p.name, 0),
+                                  "restarting": p.name in self._restarting}
+                         for p in self.procs},
         }
+
+    def _write_status(self) -> None:
+        status = self._status()
         tmp = self.run_dir / "status.json.tmp"
         tmp.write_text(json.dumps(status))
         os.replace(tmp, self.run_dir / "status.json")
-        if self.state in ("succeeded", "failed", "cancelled") and self.history.steps:
-            write_report(self.history, self.run_dir)
+        if self.state in ("succeeded", "failed", "cancelled"):
+            self.ledger.save()
+            write_report(self.history, self.run_dir, ledger=self.ledger.as_dict(),
+                             restarts=self.sup.restarts())

@@ -5,6 +5,11 @@ and not yet finished (trained or dropped), so rollouts never run more than
 ``max_staleness + 1`` batches ahead of the trainer. The controller tells the feeder how
 many prompts have finished (it reads the trainer's counters) and the feeder tops up.
 
+Position: with a ``state_path`` the feeder's position (epoch, cursor, prompts fed) is
+written there after every put and read back at start, so a resumed job feeds the prompts
+not fed yet, in order, instead of starting the data over (whose ids the queue would drop
+as already seen, while admission control counted them in flight).
+
 Item layout (docs/contracts.md): one DataProto per prompt, batch size 1, non-tensor
 columns ``raw_prompt_ids``, ``uid``, ``sample_id`` (= uid), ``data_source``,
 ``reward_model``, ``extra_info``, ``index``; meta_info ``n``, ``validate``, ``epoch``.
@@ -12,8 +17,11 @@ columns ``raw_prompt_ids``, ``uid``, ``sample_id`` (= uid), ``data_source``,
 
 from __future__ import annotations
 
+import json
+import os
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,7 +60,8 @@ class PromptFeeder:
     """Feeds ``dataset`` into ``queue`` (a services.queues Queue on the prompts stream)."""
 
     def __init__(self, dataset, queue, *, n: int, max_in_flight: int, shuffle: bool = True, seed: int = 0,
-                 job: str = "job", put_batch: int = 16, sync: bool = False) -> None:
+                 job: str = "job", put_batch: int = 16, state_path: str | Path | None = None,
+                 sync: bool = False) -> None:
         if len(dataset) == 0:
             raise ValueError("the prompt dataset is empty (all prompts filtered as over-long?)")
         self.dataset, self.queue = dataset, queue
@@ -61,7 +70,28 @@ class PromptFeeder:
         self.put_batch = put_batch
         self.sync = sync
         self.state = FeederState()
-        self._order = self._epoch_order(0)
+        self.state_path = Path(state_path) if state_path else None
+        self._fingerprint = {"prompts": len(dataset), "shuffle": shuffle, "seed": seed, "job": job}
+        if self.state_path is not None and self.state_path.exists():
+            self._load()
+        self._order = self._epoch_order(self.state.epoch)
+
+    def _load(self) -> None:
+        try:
+            saved = json.loads(self.state_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"feeder state {self.state_path} is unreadable ({exc}); delete it to feed from the start") from None
+        if saved.get("data") != self._fingerprint:
+            raise ValueError(f"feeder state {self.state_path} belongs to other data ({saved.get('data')} != "
+                             f"{self._fingerprint}); use a new run dir or delete the file")
+        self.state = FeederState(**saved["state"])
+
+    def _save(self) -> None:
+        if self.state_path is None:
+            return
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"data": self._fingerprint, "state": asdict(self.state)}))
+        os.replace(tmp, self.state_path)
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.dataset)))
@@ -78,6 +108,21 @@ class PromptFeeder:
         self.state.cursor += 1
         return row, self.state.epoch
 
+    def uid(self, epoch: int, index: int) -> str:
+        return f"{self.job}-e{epoch}-p{index}"
+
+    def fed_uids(self) -> list[str]:
+        """The uid of every prompt fed so far, in feeding order."""
+        out, epoch, cursor = [], 0, 0
+        order = self._epoch_order(0)
+        for _ in range(self.state.fed):
+            if cursor >= len(order):
+                epoch, cursor = epoch + 1, 0
+                order = self._epoch_order(epoch)
+            out.append(self.uid(epoch, order[cursor]))  # a row's index is its position
+            cursor += 1
+        return out
+
     async def top_up(self, finished: int, timeout: float = 30.0, *, replicas_current: bool = True) -> int:
         """Put prompts until ``fed - finished`` reaches ``max_in_flight``; returns how many were put.
 
@@ -92,18 +137,24 @@ class PromptFeeder:
         while want > 0:
             k = min(want, self.put_batch)
             items = []
+            before = FeederState(**asdict(self.state))
             for _ in range(k):
                 row, epoch = self._next_row()
-                uid = f"{self.job}-e{epoch}-p{row['index']}"
-                items.append(prompt_item(row, uid=uid, n=self.n, epoch=epoch))
-            await self.queue.put(items, timeout=timeout)
+                items.append(prompt_item(row, uid=self.uid(epoch, row["index"]), n=self.n, epoch=epoch))
+            try:
+                await self.queue.put(items, timeout=timeout, stage="queued")
+            except BaseException:
+                self.state = before  # not fed: the same prompts go next time
+                self._order = self._epoch_order(self.state.epoch)
+                raise
             self.state.fed += k
+            self._save()
             put += k
             want -= k
         return put
 
 
-def build_feeder(spec, queue, *, log=print) -> PromptFeeder:
+def build_feeder(spec, queue, *, log=print, state_path: str | Path | None = None) -> PromptFeeder:
     """The feeder of job ``spec`` (a JobSpec) on ``queue``: the training files through
     :class:`~services.data.prompts.PromptDataset` with the job's tokenizer, admission limit
     ``(async.max_staleness + 1) * data.train_batch_size`` prompts (one batch, paced by the
@@ -121,4 +172,5 @@ def build_feeder(spec, queue, *, log=print) -> PromptFeeder:
         log(f"filtered {ds.num_filtered} over-long prompts (data.max_prompt_length={spec.data.max_prompt_length})")
     in_flight = (spec.async_.max_staleness + 1) * spec.data.train_batch_size
     return PromptFeeder(ds, queue, n=spec.rollout.n, max_in_flight=in_flight, shuffle=spec.data.shuffle,
-                        seed=spec.data.seed, job=spec.name, sync=spec.async_.mode == "sync")
+                        seed=spec.data.seed, job=spec.name, state_path=state_path,
+                        sync=spec.async_.mode == "sync")

@@ -8,8 +8,11 @@ finished the samples the trainer reports on its ``/metrics`` (trained + dropped)
 ``rollout.n`` — the same admission rule as the controller. It serves its own ``/health``,
 ``/ready`` and ``/metrics`` (``meshrl_feeder_prompts_total``, ``meshrl_feeder_in_flight_prompts``).
 
-A restarted feeder starts the data order again from the top; the prompts it re-sends carry
-the same ``uid``/``sample_id`` as before, and consumers dedupe on them.
+With ``--state FILE`` (on a volume) the feeder's position is kept there, so a restarted
+feeder goes on with the prompts not fed yet (as ``meshrl run`` does with
+``RUN_DIR/feeder.json``). Without it a restarted feeder starts the data order again from
+the top; the prompts it re-sends carry the same ``uid``/``sample_id`` as before, and
+consumers drop them as duplicates.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a replica's /metrics URL (repeat per replica); needed with async.mode=sync, where a "
                    "batch is fed only once every replica serves the trainer's version")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between trainer scrapes")
+    p.add_argument("--state", default=None, help="file keeping the feeder's position across restarts")
     p.add_argument("overrides", nargs="*", help="a.b=c overrides of the spec")
     return p
 
 
-async def feed(spec, trainer_metrics: str, poll: float, stop, gauges, rollout_metrics: list[str] = ()) -> None:
+async def feed(spec, trainer_metrics: str, poll: float, stop, gauges, rollout_metrics: list[str] = (),
+               state: str | None = None) -> None:
     """Top the prompts stream up until ``stop`` is set; export the feeder's counters and the
     streams' depths (``gauges["control"]``, a ControlMetrics). With ``async.mode=sync`` a batch
     goes out only once every replica in ``rollout_metrics`` serves the trainer's version."""
@@ -46,17 +51,24 @@ async def feed(spec, trainer_metrics: str, poll: float, stop, gauges, rollout_me
     queue = make_queue(spec.queues, stream="prompts", group="controller", consumer="feeder", metrics=control.queues)
     watched = [make_queue(spec.queues, stream=name, group=group, consumer="feeder", metrics=control.queues)
                for name, group in (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))]
-    feeder = build_feeder(spec, queue)
+    feeder = build_feeder(spec, queue, state_path=state)
     n = spec.rollout.n
     try:
         while not stop.is_set():
             t = await asyncio.to_thread(scrape, trainer_metrics)
+            if "meshrl_trainer_samples_total" not in t:  # the trainer is down or restarting
+                await asyncio.sleep(poll)
+                continue
             finished = (t.get("meshrl_trainer_samples_total", 0.0) + t.get("meshrl_trainer_dropped_stale_samples_total", 0.0)
                         + t.get("meshrl_trainer_dropped_error_samples_total", 0.0)) / n  # fmt: skip
             current = t.get("meshrl_trainer_policy_version")
             served = [(await asyncio.to_thread(scrape, u)).get("meshrl_rollout_served_version") for u in rollout_metrics]
-            put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s,
-                                      replicas_current=current is not None and all(v == current for v in served))
+            try:
+                put = await feeder.top_up(int(finished), timeout=spec.queues.put_timeout_s,
+                                          replicas_current=current is not None and all(v == current for v in served))
+            except Exception as exc:  # noqa: BLE001 - a queue outage: the same prompts go next round
+                print(f"feeder: put failed, retrying: {type(exc).__name__}: {exc}", flush=True)
+                put = 0
             control.fed(put, feeder.state.fed, int(finished), feeder.max_in_flight)
             for q in watched:  # depth() sets meshrl_queue_depth_items{stream}
                 try:
@@ -99,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(f"feeder ready metrics={args.metrics_host}:{server.port}", flush=True)
     try:
-        asyncio.run(feed(spec, args.trainer_metrics, args.poll, stop, gauges, args.rollout_metrics))
+        asyncio.run(feed(spec, args.trainer_metrics, args.poll, stop, gauges, args.rollout_metrics, args.state))
     finally:
         server.stop()
     return 0

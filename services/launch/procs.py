@@ -55,6 +55,7 @@ class ServiceProcess:
     ready_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
+    kill_reason: str = ""  # why the supervisor killed it (stuck), shown with its exit
 
     def start(self) -> "ServiceProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,12 +73,13 @@ class ServiceProcess:
     def failure(self) -> str:
         return f"{self.name} exited with code {self.returncode}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
 
-    def wait_ready(self, timeout: float) -> None:
-        """Block until ``/ready`` answers 200; raise ServiceFailed if the child exits or the deadline passes."""
+    def wait_ready(self, timeout: float, should_stop=lambda: False) -> None:
+        """Block until ``/ready`` answers 200 (or ``should_stop()``); raise ServiceFailed if
+        the child exits or the deadline passes."""
         if self.ready_url is None:
             return
         deadline = time.monotonic() + timeout
-        while True:
+        while not should_stop():
             if self.returncode is not None:
                 raise ServiceFailed(self.failure())
             status, _ = http_get(self.ready_url, timeout=1.0)

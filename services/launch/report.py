@@ -60,7 +60,7 @@ class History:
         self._offset += len(complete.encode()) + 1
         lines = [json.loads(line) for line in complete.splitlines() if line.strip()]
         dt = max(1e-9, t - self._last_t)
-        rate = (rollout_tokens - self._last_tokens) / dt
+        rate = max(0.0, rollout_tokens - self._last_tokens) / dt
         for rec in lines:
             m = rec.get("metrics") or {}
             lags = rec.get("staleness") or []
@@ -98,8 +98,10 @@ def _val_score(metrics: dict[str, Any]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def write_report(history: History, run_dir: Path) -> dict[str, Any]:
-    """``summary.json`` plus ``reward.png``, ``staleness.png``, ``throughput.png`` in ``run_dir``."""
+def write_report(history: History, run_dir: Path, *, ledger: dict[str, Any] | None = None,
+                 restarts: dict[str, int] | None = None) -> dict[str, Any]:
+    """``summary.json`` plus ``reward.png``, ``staleness.png``, ``throughput.png`` in ``run_dir``
+    (``ledger``: the sample ledger, ``restarts``: restarts per service, both into the summary)."""
     rows = history.steps
     k = min(5, len(rows))
     summary = {
@@ -109,6 +111,8 @@ def write_report(history: History, run_dir: Path) -> dict[str, Any]:
         "reward_end": sum(r["reward_mean"] for r in rows[-k:]) / k if rows else None,
         "seconds": rows[-1]["t"] if rows else 0.0,
         "staleness_histogram": staleness_totals(rows),
+        "ledger": ledger or {},
+        "restarts": restarts or {},
         "history": rows,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

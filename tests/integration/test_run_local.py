@@ -67,9 +67,11 @@ def test_a_short_job_runs_to_completion(tmp_path, tiny_model, arith_data):
 
 
 def test_a_crashing_service_stops_the_job_and_names_it(tmp_path, tiny_model, arith_data):
-    # A custom reward function file that does not exist: the reward worker refuses to start.
+    # A custom reward function that fails to import: the reward worker refuses to start.
+    broken = tmp_path / "broken_reward.py"
+    broken.write_text("raise ImportError('this reward module is broken')\n")
     proc, run_dir = _run(tmp_path, tiny_model, arith_data,
-                         "reward.custom_reward_function.path=/nonexistent/reward.py", timeout=600)
+                         f"reward.custom_reward_function.path={broken}", timeout=600)
     assert proc.returncode == 1
     assert "reward-0 exited with code" in proc.stdout
     status = json.loads((run_dir / "status.json").read_text())

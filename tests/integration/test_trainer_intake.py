@@ -140,3 +140,51 @@ async def test_malformed_items_are_dropped_with_a_reason_and_training_goes_on(se
     assert await consumer.stages(["no-scores/0", "bad-shape/1"]) == {"no-scores/0": "dropped", "bad-shape/1": "dropped"}
     await producer.close()
     await consumer.close()
+
+
+async def test_a_failed_score_is_trained_as_zero_and_a_rollout_error_is_dropped(server):
+    import numpy as np
+
+    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    g = _group("mixed-errors", [0, 0, 0])
+    g.non_tensor_batch["error"] = np.array(["", "reward timeout: scorer call exceeded its deadline",
+                                            "prompt item has no raw_prompt_ids column"], dtype=object)
+    await producer.put([g])
+    intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2)
+    pending = await intake.next_batch(0, timeout=10)
+    assert list(pending.data.non_tensor_batch["sample_id"]) == ["mixed-errors/0", "mixed-errors/1"]
+    assert intake.counters.scored_failed == 1 and intake.counters.dropped_error == 1
+    await intake.commit(pending)
+    assert await consumer.stages(["mixed-errors/1", "mixed-errors/2"]) == {
+        "mixed-errors/1": "trained", "mixed-errors/2": "dropped"}
+    await producer.close()
+    await consumer.close()
+
+
+async def test_deferred_acks_wait_for_the_checkpoint_and_a_restart_trains_nothing_twice(server):
+    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    await producer.put([_group(f"g{i}", [0, 0]) for i in range(3)])
+    intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2, defer_acks=True)
+    first = await intake.next_batch(0, timeout=10)
+    await intake.commit(first)
+    assert await consumer.depth() == 3  # trained, held until a checkpoint covers it
+    checkpoint = intake.state()  # what the checkpoint of step 1 records ...
+    second = await intake.next_batch(0, timeout=10)
+    await intake.commit(second)  # ... step 2 is trained after it, then the trainer dies
+    await consumer.close()
+    # a new incarnation resumes from the step-1 checkpoint: g0 is acked untrained, g1 trained again
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
+    again = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2, defer_acks=True)
+    again.restore(checkpoint)
+    batch = await again.next_batch(0, timeout=10)
+    assert list(batch.data.non_tensor_batch["uid"]) == ["g1", "g1"]
+    assert await consumer.stages(["g0/0"]) == {"g0/0": "trained"}
+    await again.commit(batch)
+    await again.acks_due()
+    assert await consumer.depth() == 1  # g2 waits
+    await producer.close()
+    await consumer.close()

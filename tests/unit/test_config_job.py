@@ -95,9 +95,45 @@ def test_load_errors_are_clear(tmp_path):
         load_job(tmp_path / "list.yaml")
 
 
+def _readable_inputs(tmp_path):
+    """BASE with a model directory and a parquet file that exist and can be read."""
+    from services.data.parquet import write_rows
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen2"}')
+    write_rows([{"data_source": "meshrl/arith", "prompt": [{"role": "user", "content": "1+1="}],
+                 "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {}}], tmp_path / "train.parquet")
+    return {**BASE, "model": {"path": str(tmp_path / "model")},
+            "data": {**BASE["data"], "train_files": str(tmp_path / "train.parquet")}}
+
+
 def test_meshrl_validate_cli(tmp_path, capsys):
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(BASE))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_readable_inputs(tmp_path)))
     assert cli_main(["validate", str(tmp_path / "job.yaml"), "rollout.n=8"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["rollout"]["n"] == 8
     assert cli_main(["validate", str(tmp_path / "job.yaml"), "rollout.nn=8"]) == 2
     assert "rollout.nn: unknown key" in capsys.readouterr().err
+
+
+def test_validate_refuses_missing_model_and_corrupt_data_with_one_line_each(tmp_path, capsys):
+    spec = _readable_inputs(tmp_path)
+    (tmp_path / "train.parquet").write_bytes((tmp_path / "train.parquet").read_bytes()[:-40] + b"\0" * 40)
+    spec["model"] = {"path": str(tmp_path / "no-such-model")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    assert cli_main(["validate", str(tmp_path / "job.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert "model.path:" in err[0] and "does not exist" in err[0]
+    assert "data.train_files[0]:" in err[1] and "not a readable parquet file" in err[1]
+
+
+def test_validate_refuses_a_parquet_file_whose_pages_are_corrupt(tmp_path, capsys):
+    spec = _readable_inputs(tmp_path)
+    raw = bytearray((tmp_path / "train.parquet").read_bytes())
+    for i in range(8, 60):  # inside the first column chunk, footer intact
+        raw[i] ^= 0xFF
+    (tmp_path / "train.parquet").write_bytes(bytes(raw))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    assert cli_main(["validate", str(tmp_path / "job.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.train_files[0]:" in err[0], err

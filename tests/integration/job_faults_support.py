@@ -1,0 +1,108 @@
+"""Helpers of the fault tests: a real ``meshrl run`` job, driven and hurt from outside the
+way a user would (pids from ``status.json``, signals), and the ledger checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: a small, fast job: 4 prompts x 4 samples per step, checkpoint every step, short leases
+BASE_OVERRIDES = (
+    "data.val_files=[]", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
+    "trainer.save_freq=1", "queues.lease_idle_s=8", "services.restart.backoff_s=0.5",
+    "services.restart.heartbeat_timeout_s=40", "services.restart.stall_timeout_s=300",
+)
+
+
+class Job:
+    """One ``meshrl run`` subprocess on ``run_dir`` (same command again = resume)."""
+
+    def __init__(self, run_dir: Path, model: str, data: Path, *overrides: str) -> None:
+        self.run_dir = run_dir
+        self.argv = [sys.executable, "-m", "services.cli", "run", str(REPO / "examples/quickstart.yaml"),
+                     f"model.path={model}", f"data.train_files={data}", *BASE_OVERRIDES, *overrides,
+                     "--run-dir", str(run_dir), "--no-progress"]
+        self.proc: subprocess.Popen | None = None
+        self.out = run_dir.parent / f"{run_dir.name}.out"
+
+    def start(self) -> "Job":
+        self.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.out, "ab") as f:
+            self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+        return self
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+    def status(self) -> dict:
+        try:
+            return json.loads((self.run_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wait_for(self, pred, what: str, timeout: float = 400.0) -> dict:
+        """Poll status.json until ``pred(status)``; fail with the job's output otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status()
+            if st and pred(st):
+                return st
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"job ended (rc={self.proc.returncode}) before {what}:\n{self.output()[-4000:]}")
+            time.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}; status {self.status()}\n{self.output()[-4000:]}")
+
+    def wait_step(self, step: int, timeout: float = 1200.0) -> dict:
+        return self.wait_for(lambda s: s.get("state") == "running" and s.get("step", 0) >= step, f"step {step}", timeout)
+
+    def pid(self, service: str) -> int:
+        return int(self.status()["services"][service]["pid"])
+
+    def kill(self, service: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to ``service``'s process (pid from status.json), as a user would."""
+        pid = self.pid(service)
+        os.kill(pid, sig)
+        return pid
+
+    def wait_back(self, service: str, old_pid: int, timeout: float = 900.0) -> dict:
+        """Until ``service`` runs again under a new pid, ready."""
+        return self.wait_for(lambda s: s["services"][service]["pid"] != old_pid and s["services"][service]["alive"]
+                             and not s["services"][service]["restarting"], f"{service} restarted", timeout)
+
+    def finish(self, timeout: float = 1500.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=90)
+            raise AssertionError(f"job did not finish in {timeout}s:\n{self.output()[-4000:]}") from None
+
+    def stop(self) -> None:
+        """Teardown: SIGTERM the driver if it is still running (it stops its services)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def assert_ledger_exact(run_dir: Path) -> dict:
+    """The finished job's ledger: nothing lost, nothing trained twice, the counts add up."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ledger = summary["ledger"]
+    audit = ledger["audit"]
+    assert audit["lost"] == 0, ledger
+    assert audit["trained_twice"] == 0, ledger
+    assert ledger["trained"] + ledger["dropped_stale"] + ledger["dropped_error"] + ledger["in_flight"] == ledger["fed"]
+    assert audit["trained_ids"] == ledger["trained"], ledger
+    return ledger

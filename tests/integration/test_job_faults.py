@@ -1,0 +1,154 @@
+"""Services that survive each other: real ``meshrl run`` jobs hurt from outside.
+
+Each test starts a real job (embedded broker or Redis, vLLM replicas, reward worker, FSDP2
+trainer), signals its services by the pids in ``status.json`` as a user would, and checks
+the job completes and its ledger shows nothing lost and nothing trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.job_faults_support import REPO, Job, assert_ledger_exact
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400)]  # vLLM start-ups dominate; slow on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def arith_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(out),
+                    "--train-size", "96", "--test-size", "8", "--max-operand", "9", "--ops", "+"],
+                   check=True, cwd=REPO, capture_output=True)
+    return out / "train.parquet"
+
+
+def test_killed_replica_reward_worker_and_trainer_are_restarted(tmp_path, tiny_model, arith_data):
+    """Two replicas: SIGKILL one, then the reward worker, then the trainer; the job goes on."""
+    job = Job(tmp_path / "run", tiny_model, arith_data, "services.rollout.replicas=2", "trainer.total_steps=6").start()
+    try:
+        job.wait_step(1)
+        old = job.kill("rollout-1")
+        job.wait_step(2)
+        job.wait_back("rollout-1", old)
+        old = job.kill("reward-0")
+        job.wait_back("reward-0", old)
+        job.wait_step(3)
+        old = job.kill("trainer")
+        job.wait_back("trainer", old)
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    status = job.status()
+    assert status["state"] == "succeeded", status
+    restarts = {name: s["restarts"] for name, s in status["services"].items()}
+    assert restarts["rollout-1"] >= 1 and restarts["reward-0"] >= 1 and restarts["trainer"] >= 1, restarts
+    assert restarts["rollout-0"] == 0
+    out = job.output()
+    assert "rollout-1 exited with code -9; restart 1/" in out and "trainer exited with code -9" in out
+    assert_ledger_exact(job.run_dir)
+
+
+def test_one_replica_killed_then_frozen_then_the_job_is_stopped_and_resumed(tmp_path, tiny_model, arith_data):
+    """One replica: SIGKILL it (the mesh waits for its restart), SIGSTOP it across a weight
+    publication and SIGCONT it, then SIGTERM the job and resume it with the same command."""
+    job = Job(tmp_path / "run", tiny_model, arith_data, "trainer.total_steps=6").start()
+    try:
+        job.wait_step(1)
+        old = job.kill("rollout-0")
+        job.wait_back("rollout-0", old)
+        at = job.wait_step(2)["step"]
+        job.kill("rollout-0", signal.SIGSTOP)
+        time.sleep(8)  # the trainer publishes meanwhile; the frozen replica must not hold it
+        job.kill("rollout-0", signal.SIGCONT)
+        st = job.wait_step(at + 1)
+        t0 = time.monotonic()
+        job.proc.send_signal(signal.SIGTERM)
+        assert job.finish(timeout=120) == 130
+        stop_s = time.monotonic() - t0
+        stopped = job.status()
+        assert stopped["state"] == "cancelled", stopped
+        assert "DEADLINE_EXCEEDED" not in (job.run_dir / "logs" / "trainer.log").read_text()
+        # the step in progress was acked and checkpointed
+        ckpt = int((job.run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+        assert ckpt >= st["step"]
+        fed_before = json.loads((job.run_dir / "feeder.json").read_text())["state"]["fed"]
+        job.start()  # the same command: resume
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    assert job.status()["state"] == "succeeded"
+    out = job.output()
+    assert f"resuming: {fed_before} prompts fed before" in out
+    print(f"SIGTERM stop took {stop_s:.1f}s")
+    assert_ledger_exact(job.run_dir)
+
+
+def test_a_reward_function_that_raises_or_hangs_scores_zero_and_the_job_trains(tmp_path, tiny_model, arith_data):
+    fn = tmp_path / "bad_reward.py"
+    fn.write_text(
+        "import time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if len(solution_str) % 2:\n"
+        "        raise ValueError('this scorer always fails')\n"
+        "    time.sleep(3600)\n"
+    )
+    job = Job(tmp_path / "run", tiny_model, arith_data, "trainer.total_steps=2",
+              f"reward.custom_reward_function.path={fn}", "reward.call_timeout_s=1",
+              "reward.batch_timeout_s=30", "rollout.ignore_eos=true", "queues.lease_idle_s=120").start()
+    try:
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    ledger = assert_ledger_exact(job.run_dir)
+    assert ledger["failed"] == ledger["trained"] > 0, ledger
+
+
+def test_a_corrupt_data_file_is_refused_at_once_with_one_line(tmp_path, tiny_model, arith_data):
+    bad = tmp_path / "corrupt.parquet"
+    raw = bytearray(arith_data.read_bytes())
+    for i in range(8, 200):
+        raw[i] ^= 0xFF
+    bad.write_bytes(bytes(raw))
+    job = Job(tmp_path / "run", tiny_model, bad, "trainer.total_steps=2")
+    proc = subprocess.run(job.argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "data.train_files[0]:" in lines[0] and "not a readable parquet file" in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+@pytest.mark.redis
+def test_a_job_over_redis_survives_a_redis_restart(tmp_path, tiny_model, arith_data, redis_server_aof):
+    job = Job(tmp_path / "run", tiny_model, arith_data, "trainer.total_steps=5", "queues.type=redis",
+              f"queues.url={redis_server_aof.url}").start()
+    try:
+        job.wait_step(2)
+        redis_server_aof.kill()
+        time.sleep(3)
+        redis_server_aof.restart()
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    assert job.status()["state"] == "succeeded"
+    assert_ledger_exact(job.run_dir)
+
+
+def test_ppo_with_a_gae_critic_and_a_reference_kl_runs_through_the_mesh(tmp_path, tiny_model, arith_data):
+    job = Job(tmp_path / "run", tiny_model, arith_data, "trainer.total_steps=2", "algorithm.adv_estimator=gae",
+              "algorithm.off_policy.mode=none", "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=16",
+              "actor.use_kl_loss=true", "actor.kl_loss_coef=0.01").start()
+    try:
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    history = [json.loads(line) for line in (job.run_dir / "trainer_metrics.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == [1, 2]
+    assert all("critic/vf_loss" in h["metrics"] and "actor/kl_loss" in h["metrics"] for h in history), history[-1]
+    assert_ledger_exact(job.run_dir)

@@ -1,0 +1,70 @@
+"""The restart policy every launcher applies (services/launch/supervision.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.config.job import parse_job
+from services.launch.ledger import Meter
+from services.launch.supervision import RestartConfig, Supervisor, stall_reason
+
+
+def test_crashes_are_restarted_with_doubling_backoff_until_the_budget_is_spent():
+    sup = Supervisor(RestartConfig(max_restarts=3, backoff_s=1.0, backoff_max_s=3.0), ["rollout-0", "reward-0"])
+    delays = [sup.exited("rollout-0", "exited with code -9", t) for t in range(3)]
+    assert [d.action for d in delays] == ["restart"] * 3
+    assert [d.delay_s for d in delays] == [1.0, 2.0, 3.0]
+    final = sup.exited("rollout-0", "exited with code 1", 10)
+    assert final.action == "fail"
+    assert "rollout-0 exited with code 1" in final.reason and "max_restarts=3" in final.reason
+    # the budget is per service
+    assert sup.exited("reward-0", "exited with code -9", 11).action == "restart"
+    assert sup.restarts() == {"rollout-0": 3, "reward-0": 1}
+
+
+def test_a_silent_service_is_reported_stuck_after_the_heartbeat_deadline():
+    sup = Supervisor(RestartConfig(heartbeat_timeout_s=10), [])
+    sup.started("trainer", 0.0)
+    sup.beat("trainer", 5.0)
+    assert sup.stuck(14.0) == []
+    [(name, why)] = sup.stuck(16.0)
+    assert name == "trainer" and "no heartbeat for 11s" in why
+    sup.exited("trainer", "exited with code -9", 16.0)
+    assert sup.stuck(100.0) == []  # not running: a restart is under way
+
+
+def test_no_progress_warns_then_fails_with_the_reason():
+    sup = Supervisor(RestartConfig(stall_warn_s=10, stall_timeout_s=30), [])
+    sup.progress({"trained": 0, "scored": 0}, 0.0)
+    sup.progress({"trained": 0, "scored": 4}, 5.0)
+    assert sup.stall(14.0, "x") is None
+    warn = sup.stall(16.0, "the reward workers are not scoring")
+    assert not warn.fatal and "no progress for 11s: the reward workers are not scoring" in warn.reason
+    # a counter going down (a trainer restored from its checkpoint) is not progress
+    sup.progress({"trained": 0, "scored": 2}, 20.0)
+    assert sup.stall(36.0, "why").fatal
+
+
+def test_stall_reason_names_where_the_job_waits():
+    assert "trainer is not consuming" in stall_reason({"experience": 3}, in_flight=8, max_in_flight=8)
+    assert "reward workers" in stall_reason({"rollouts": 2}, in_flight=8, max_in_flight=8)
+    assert "rollout replicas" in stall_reason({"prompts": 1}, in_flight=8, max_in_flight=8)
+    assert "in flight" in stall_reason({}, in_flight=8, max_in_flight=8)
+    assert "rollout-0 to restart" in stall_reason({"prompts": 1}, in_flight=8, max_in_flight=8, restarting=["rollout-0"])
+
+
+def test_meter_keeps_the_counts_of_earlier_incarnations():
+    m = Meter({"generated": 10})
+    m.update("rollout-0", {"generated": 5})
+    m.update("rollout-1", {"generated": 3})
+    m.update("rollout-0", {"generated": 2})  # restarted: its counter began again
+    assert m.total("generated") == 10 + 5 + 3 + 2
+
+
+def test_restart_policy_is_part_of_the_job_spec_and_strict():
+    base = {"name": "t", "model": {"path": "/m"}, "data": {"train_files": "/d.parquet", "train_batch_size": 4},
+            "rollout": {"n": 4}, "actor": {"ppo_mini_batch_size": 4}}
+    spec = parse_job(base, ["services.restart.max_restarts=5", "services.restart.stall_timeout_s=60"])
+    assert spec.services.restart.max_restarts == 5 and spec.services.restart.stall_timeout_s == 60
+    with pytest.raises(ValueError, match="services.restart.max_restart"):
+        parse_job(base, ["services.restart.max_restart=5"])
