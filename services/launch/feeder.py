@@ -1,6 +1,6 @@
 """The prompt feeder: turns a PromptDataset into items on the ``prompts`` stream.
 
-Admission control (DESIGN.md, AReaL-style): at most ``max_in_flight`` prompts are fed
+Admission control (docs/architecture.md, "The async rules"): at most ``max_in_flight`` prompts are fed
 and not yet finished (trained or dropped), so rollouts never run more than
 ``max_staleness + 1`` batches ahead of the trainer. The controller tells the feeder how
 many prompts have finished (it reads the trainer's counters) and the feeder tops up.
