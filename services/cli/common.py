@@ -26,11 +26,12 @@ def load_spec_or_report(args: argparse.Namespace) -> Any | None:
 
 
 def check_inputs_or_report(spec: Any, spec_path: str) -> bool:
-    """True when the model and data files of ``spec`` can be read; else print one line per
-    problem to stderr and return False."""
+    """True when the model and data files of ``spec`` can be read and every registry name
+    it uses exists; else print one line per problem to stderr and return False."""
+    from services.config.names import name_problems
     from services.data.check import check_inputs
 
-    problems = check_inputs(spec)
+    problems = check_inputs(spec) + name_problems(spec)
     for line in problems:
         print(f"{spec_path}: {line}", file=sys.stderr)
     return not problems
