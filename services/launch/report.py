@@ -91,10 +91,13 @@ class History:
 
 
 def _val_score(metrics: dict[str, Any]) -> float:
-    """The mean validation score of a step's metrics (verl names it ``val-core/<source>/.../mean@N``);
-    NaN when the step carries none."""
-    vals = [float(v) for k, v in metrics.items() if k.startswith(("val-core/", "val/")) and "mean" in k
-            and isinstance(v, (int, float))]  # fmt: skip
+    """The mean validation score of a step's metrics: the mean over data sources of
+    ``val/test_score/<source>`` (or verl's ``val-core/<source>/reward/mean@N``); NaN when the
+    step carries none."""
+    vals = [float(v) for k, v in metrics.items() if k.startswith("val/test_score/") and isinstance(v, (int, float))]
+    if not vals:
+        vals = [float(v) for k, v in metrics.items()
+                if k.startswith("val-core/") and "/mean@" in k and isinstance(v, (int, float))]  # fmt: skip
     return sum(vals) / len(vals) if vals else float("nan")
 
 
