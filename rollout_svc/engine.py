@@ -13,8 +13,11 @@ place while requests are in flight:
 - ``on_weight_update="abort_requeue"``: in-flight requests are aborted, and every group with
   an aborted sample is regenerated from scratch under the new version.
 
-Weights reach the worker process as a safetensors file on tmpfs, loaded by
-:class:`rollout_svc.worker_ext.MeshWorkerExtension` (see there for why).
+Weights from the weight channel are received inside the vLLM worker process and streamed
+into the model bucket by bucket (:mod:`rollout_svc.weight_stream`); this class pauses and
+resumes the scheduler around each load and keeps the served version. A load that failed
+after some tensors reached the model leaves ``weights_dirty`` set: the scheduler stays
+paused (nothing is served) until a complete version is loaded.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 import torch
 
 from rollout_svc.packing import Sample
-from rollout_svc.weights import WeightManifest, WeightUpdateError, stage_weights
+from rollout_svc.weight_check import WeightManifest, WeightUpdateError, write_checked_file
 from services.config.rollout import RolloutConfig, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -91,6 +94,8 @@ class RolloutEngine:
         self.tokens_generated = 0
         self.prefix_reset_failures = 0
         self.last_update_in_flight = 0  # requests in flight when the last update paused the engine
+        self.weights_dirty = False  # a failed load left mixed weights: paused until a good one loads
+        self.last_load: dict = {}  # the worker's report of the last load (bytes, seconds, error)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -280,50 +285,159 @@ class RolloutEngine:
     async def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, rollback: bool = False
     ) -> float:
-        """Load a full set of checkpoint-format tensors as ``version``; returns seconds spent.
+        """Load a full set of checkpoint-format tensors held by this process as ``version``
+        (local loads: tests, an operator's checkpoint); returns seconds spent.
 
-        The tensors are validated against the model's names and shapes first; on any error
+        The whole set is checked before the engine is touched; on any error
         (:class:`WeightUpdateError`) the engine keeps serving the old weights and version.
-        ``version`` must be newer than the served one unless ``rollback`` (the trainer
-        restarted from a checkpoint: its versions replace those of the run that died).
+        ``version`` must be newer than the served one unless ``rollback``. The weight
+        channel does not come here: it streams into the worker (``load_from_channel``).
         """
-        if version <= self.version and not rollback:
-            raise WeightUpdateError(f"version {version} is not newer than the served version {self.version}")
+        self._check_version(version, rollback)
         t0 = time.perf_counter()
-        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
-        fd, path = tempfile.mkstemp(prefix=f"meshrl-weights-v{version}-", suffix=".safetensors", dir=shm)
+        fd, path = tempfile.mkstemp(prefix=f"meshrl-weights-v{version}-", suffix=".safetensors")
         os.close(fd)
         try:
-            await asyncio.to_thread(stage_weights, named_tensors, path, self.manifest, self.dtype)
-            async with self._update_lock:
-                mode = "keep" if self.cfg.on_weight_update == "finish" else "abort"
-                if mode == "abort":
-                    self._abort_epoch += 1
-                deadline = self.cfg.weight_update_timeout_s
-                self.last_update_in_flight = self.in_flight
-                await asyncio.wait_for(self.llm.pause_generation(mode=mode, clear_cache=(mode == "abort")), deadline)
-                try:
-                    await self.llm.collective_rpc(
-                        "meshrl_load_safetensors", timeout=self.cfg.weight_update_timeout_s, args=(path,)
-                    )
-                    self.version = version
-                finally:
-                    if mode == "keep":
-                        # Frozen requests hold KV blocks, so a plain reset would fail and new
-                        # prompts could reuse KV computed by the old weights. Preempting them
-                        # frees every block (the reset then succeeds); they resume by
-                        # recomputing their prompt + tokens so far with the new weights.
-                        ok = await asyncio.wait_for(self.llm.reset_prefix_cache(reset_running_requests=True), deadline)
-                        if not ok:
-                            self.prefix_reset_failures += 1
-                            log.warning("prefix cache reset failed after loading v%d", version)
-                    await asyncio.wait_for(self.llm.resume_generation(), deadline)
+            await asyncio.to_thread(write_checked_file, named_tensors, path, self.manifest, self.dtype)
+
+            async def load() -> dict:
+                [res] = (await self.llm.collective_rpc("meshrl_load_safetensors", timeout=self.cfg.weight_update_timeout_s,
+                                                       args=(path,)))[:1]
+                return {"ok": True, **res}
+
+            res = await self._swap(load, version)
         finally:
             Path(path).unlink(missing_ok=True)
+        if not res.get("ok"):
+            raise WeightUpdateError(f"loading v{version} failed: {res.get('error')}")
         self.last_weight_load_s = time.perf_counter() - t0
         return self.last_weight_load_s
+
+    def _check_version(self, version: int, rollback: bool) -> None:
+        if version <= self.version and not rollback:
+            raise WeightUpdateError(f"version {version} is not newer than the served version {self.version}")
+
+    async def _swap(self, load, version: int | None) -> dict:
+        """Pause the scheduler, run ``load()`` (a worker RPC returning the worker's report;
+        ``version`` None: the report names it),
+        then resume -- unless the load failed after touching the model (``weights_dirty``):
+        then stay paused until a later ``_swap`` succeeds."""
+        async with self._update_lock:
+            deadline = self.cfg.weight_update_timeout_s
+            mode = "keep" if self.cfg.on_weight_update == "finish" else "abort"
+            if not self.weights_dirty:  # a dirty engine is paused already
+                if mode == "abort":
+                    self._abort_epoch += 1
+                self.last_update_in_flight = self.in_flight
+                await asyncio.wait_for(self.llm.pause_generation(mode=mode, clear_cache=(mode == "abort")), deadline)
+            try:
+                res = await load()
+            except Exception as exc:  # the RPC itself failed (timeout, worker error): assume the worst
+                res = {"ok": False, "touched": True, "refused": False, "error": f"{type(exc).__name__}: {exc}"}
+            if res is None:
+                res = {"ok": False, "touched": False, "refused": False, "error": None, "none": True}
+            self.last_load = res
+            if res.get("ok"):
+                self.version = res["version"] if version is None else version
+                self.weights_dirty = False
+            elif res.get("touched"):
+                if not self.weights_dirty:
+                    log.error("a failed load of v%d left mixed weights (%s): not serving until a complete "
+                              "version is loaded", version, res.get("error"))
+                self.weights_dirty = True
+            if not self.weights_dirty:
+                if mode == "keep" and res.get("ok"):
+                    # Frozen requests hold KV blocks, so a plain reset would fail and new
+                    # prompts could reuse KV computed by the old weights. Preempting them
+                    # frees every block (the reset then succeeds); they resume by
+                    # recomputing their prompt + tokens so far with the new weights.
+                    ok = await asyncio.wait_for(self.llm.reset_prefix_cache(reset_running_requests=True), deadline)
+                    if not ok:
+                        self.prefix_reset_failures += 1
+                        log.warning("prefix cache reset failed after loading v%d", version)
+                await asyncio.wait_for(self.llm.resume_generation(), deadline)
+            return res
+
+    # -- the weight channel, received inside the worker --------------------------------------
+
+    async def _rpc(self, method: str, *args, timeout: float | None = None) -> list:
+        return await self.llm.collective_rpc(method, timeout=timeout or self.cfg.weight_update_timeout_s, args=args)
+
+    async def open_weight_channel(self, cfg, replica_id: str, served_session: int, notify_addr: str | None) -> dict:
+        """Subscribe every worker to the publisher ``cfg`` (a WeightChannelConfig) describes."""
+        manifest = self.manifest.to_json() if self.manifest is not None else None
+        states = await self._rpc("meshrl_weights_open", cfg.model_dump_json(), replica_id, self.version,
+                                 served_session, manifest, notify_addr,
+                                 timeout=cfg.connect_timeout_s + self.cfg.weight_update_timeout_s)
+        return states[0]
+
+    async def weight_channel_state(self) -> dict:
+        """Worker 0's channel state; a fatal error of any worker wins."""
+        states = await self._rpc("meshrl_weights_state")
+        return next((s for s in states if s.get("fatal")), states[0])
+
+    async def load_from_channel(self, version: int, *, rollback: bool = False) -> dict:
+        """Stream the pending channel ``version`` into the model (paused meanwhile).
+        Returns the worker's report (``ok``, ``error``, ``refused``, ``touched``, bytes...)."""
+        self._check_version(version, rollback)
+
+        async def load() -> dict:
+            return _combine(await self._rpc("meshrl_weights_load", version))
+
+        t0 = time.perf_counter()
+        res = await self._swap(load, version)
+        if res.get("ok"):
+            self.last_weight_load_s = time.perf_counter() - t0
+        return res
+
+    async def skip_channel_update(self, version: int) -> dict:
+        return _combine(await self._rpc("meshrl_weights_skip", version))
+
+    async def load_channel_snapshot(self, min_version: int, timeout_s: float) -> dict | None:
+        """Load the publisher's snapshot if it is at least ``min_version`` (the caller picks
+        it so that any such snapshot supersedes the served weights); None when there is none.
+        The report has the snapshot's ``version`` and ``session``."""
+        async def load() -> dict | None:
+            res = await self._rpc("meshrl_weights_load_snapshot", min_version, timeout_s,
+                                  timeout=timeout_s + self.cfg.weight_update_timeout_s)
+            if any(r is None for r in res):
+                return None
+            return _combine(res)
+
+        t0 = time.perf_counter()
+        res = await self._swap(load, None)
+        if res.get("none"):
+            return None
+        if res.get("ok"):
+            self.last_weight_load_s = time.perf_counter() - t0
+        return res
+
+    async def channel_snapshot_version(self) -> int:
+        """Version of the publisher's snapshot (-1 when none)."""
+        return int((await self._rpc("meshrl_weights_snapshot_version"))[0])
+
+    async def report_loaded(self, version: int) -> None:
+        await self._rpc("meshrl_weights_loaded", version)
+
+    async def close_weight_channel(self) -> None:
+        if self.llm is not None and self.healthy:
+            await self._rpc("meshrl_weights_close")
+
+    async def worker_rss(self) -> dict:
+        """Resident memory of worker 0's process (``VmRSS``, ``VmHWM`` in bytes)."""
+        return (await self._rpc("meshrl_rss_bytes"))[0]
 
     async def param_checksum(self, name: str) -> float:
         """Sum of one parameter inside vLLM (diagnostics/tests)."""
         res = await self.llm.collective_rpc("meshrl_param_checksum", args=(name,))
         return float(res[0])
+
+
+def _combine(results: list) -> dict:
+    """One report from every worker's: ok when all are; else the first failure."""
+    bad = next((r for r in results if not r.get("ok")), None)
+    if bad is None:
+        return results[0]
+    out = dict(bad)
+    out["touched"] = any(r.get("touched") for r in results)
+    return out

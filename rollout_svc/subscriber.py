@@ -1,107 +1,171 @@
 """Follow the weight channel: load every new policy version into the running replica.
 
-``run_weight_subscriber`` connects a ``services.weights.WeightReceiver`` and loops:
+The channel's receiving side runs inside the vLLM worker (:mod:`rollout_svc.weight_stream`);
+this loop, in the replica's main process, decides what it does, through the engine's
+``collective_rpc``:
 
-- at start (and after any failed transfer) it catches up by fetching the publisher's latest
-  snapshot when that is newer than what the engine serves -- this is how a replica that was
-  down during a publish, or joined late, rejoins;
-- otherwise it waits for the next ``Update`` and streams its tensors into the engine
-  (``Replica.apply_weights``: validate + stage, pause, load in place, resume), then reports
-  the served version to the publisher.
+- at start (and after a failed transfer, or when the publisher changed) it catches up by
+  loading the publisher's latest snapshot when that supersedes what the engine serves --
+  this is how a replica that was down during a publish, or joined late, rejoins;
+- otherwise it waits for the worker's note that a version began (a datagram on an
+  abstract Unix socket, with a slow poll as a fallback), pauses the scheduler, has the
+  worker stream the version into the model as it arrives, resumes, and reports the served
+  version to the publisher.
 
-A transfer that fails mid-way (``TransferError``) leaves the engine on its old version; a
-version the engine refuses (``WeightUpdateError``: wrong names/shapes) is logged and
-skipped. The receiver's blocking calls run in worker threads with deadlines; nothing here
-blocks the event loop.
+A transfer that fails before any tensor reached the model leaves the engine on its old
+version; one that fails later leaves it paused until a complete version (the snapshot,
+or the next publish) is loaded. A version the worker refuses (wrong names/shapes) is
+logged and skipped. Nothing here blocks the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import time
+import uuid
 
 from rollout_svc.replica import Replica
-from rollout_svc.weights import WeightUpdateError
 
 log = logging.getLogger(__name__)
 
 
-async def catch_up_from_snapshot(replica: Replica, rx, timeout_s: float, target: int = -1, poll_s: float = 0.2) -> bool:
+class ChannelLost(RuntimeError):
+    """The worker's receiver lost the publisher (or was refused): reconnect."""
+
+
+class _Notes:
+    """The abstract Unix datagram socket the worker's receiver pokes (``update``, ...)."""
+
+    def __init__(self) -> None:
+        self.addr = f"\0meshrl-weights-{uuid.uuid4().hex}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.addr)
+        self.sock.setblocking(False)
+
+    async def wait(self, timeout: float) -> bool:
+        """True when a note arrived within ``timeout`` (all waiting notes are consumed)."""
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.sock_recv(self.sock, 64), timeout)
+        except TimeoutError:
+            return False
+        while True:
+            try:
+                self.sock.recv(64)
+            except BlockingIOError:
+                return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def _loaded(replica: Replica, res: dict, session: int) -> None:
+    replica.weights_session = session
+    replica.weight_updates += 1
+    replica.metrics.weight_load.observe(replica.engine.last_weight_load_s)
+    await replica.engine.report_loaded(replica.engine.version)
+    log.info("replica %s now serves policy version %d (%.1f MB in %.3fs)", replica.name, replica.engine.version,
+             res.get("bytes", 0) / 1e6, replica.engine.last_weight_load_s)
+
+
+async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: float, target: int = -1,
+                                 poll_s: float = 0.2) -> bool:
     """Load the publisher's snapshot if it supersedes the served version; True if loaded.
 
     ``target``: a version known to exist (e.g. one whose transfer just failed); its snapshot
     may still be being written, so we poll for it until ``timeout_s``. A publisher of another
     session than the served weights' (a restarted trainer) is followed whatever its version.
+    A replica whose weights are mixed (``weights_dirty``) takes the snapshot of its own
+    version too, since anything complete beats what it has.
     """
-    import time
-
+    engine = replica.engine
     deadline = time.monotonic() + timeout_s
     while True:
-        left = max(0.1, deadline - time.monotonic())
-        session = rx.session
-        min_version = -1 if replica.other_line(session) else replica.engine.version + 1
-        snap = await asyncio.to_thread(rx.fetch_snapshot, min_version, left)
-        if snap is not None and replica.supersedes(snap.version, session):
-            await replica.apply_weights(snap.version, snap.tensors(), session=session)
-            rx.report_loaded(snap.version)
-            log.info("replica %s caught up to v%d from the snapshot", replica.name, snap.version)
-            return True
-        if replica.engine.version >= target or time.monotonic() >= deadline:
+        if replica.other_line(session):
+            min_version = -1
+        elif engine.weights_dirty:
+            min_version = max(target, engine.version)
+        else:
+            min_version = engine.version + 1
+        snap_v = await engine.channel_snapshot_version()
+        if snap_v >= 0 and snap_v >= min_version:
+            res = await engine.load_channel_snapshot(min_version, max(1.0, deadline - time.monotonic()))
+            if res is not None and res.get("ok"):
+                await _loaded(replica, res, res.get("session") or session)
+                log.info("replica %s caught up to v%d from the snapshot", replica.name, engine.version)
+                return True
+            if res is not None:
+                log.warning("replica %s: loading the snapshot failed: %s", replica.name, res.get("error"))
+        if (engine.version >= target and not engine.weights_dirty) or time.monotonic() >= deadline:
             return False
         await asyncio.sleep(poll_s)
 
 
-async def follow_updates(replica: Replica, rx, stop: asyncio.Event, poll_s: float = 0.5) -> None:
-    """Apply updates from a connected receiver until ``stop`` is set."""
-    from services.weights import SnapshotError, TransferError, VersionError
-
-    timeout = rx.cfg.transfer_timeout_s
+async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Event, poll_s: float = 1.0) -> None:
+    """Apply updates from the worker's connected receiver until ``stop`` is set."""
+    engine = replica.engine
+    timeout = cfg.transfer_timeout_s
     needs_catch_up, target = True, -1
-    session = rx.session
+    session = None
     while not stop.is_set():
-        if rx.session != session:  # the receiver reconnected to a restarted publisher
-            session, needs_catch_up, target = rx.session, True, -1
-        if needs_catch_up:
-            try:
-                await catch_up_from_snapshot(replica, rx, timeout, target)
-                needs_catch_up = False
-            except (SnapshotError, TransferError, WeightUpdateError) as exc:
-                log.warning("replica %s: snapshot catch-up failed: %s; retrying", replica.name, exc)
-                await asyncio.sleep(poll_s)
+        st = await engine.weight_channel_state()
+        if st.get("fatal"):
+            if st.get("fatal_kind") == "version":
+                log.error("replica %s: %s", replica.name, st["fatal"])
+            else:
+                raise ChannelLost(st["fatal"])
+        if not st["session"]:  # not welcomed yet
+            await notes.wait(poll_s)
+            continue
+        if st["session"] != session:  # first WELCOME, or a restarted publisher
+            session, needs_catch_up, target = st["session"], True, -1
+        if needs_catch_up or engine.weights_dirty:
+            await catch_up_from_snapshot(replica, session, timeout, target)
+            needs_catch_up, target = False, -1
+            if engine.weights_dirty and st.get("pending_version") is None:
+                await notes.wait(poll_s)  # nothing complete to load yet: wait for the next version
                 continue
-        try:
-            update = await asyncio.to_thread(rx.wait_for_update, poll_s)
-        except VersionError as exc:
-            log.error("replica %s: %s", replica.name, exc)
+        version, vsession = st.get("pending_version"), st.get("pending_session")
+        if version is None:
+            await notes.wait(poll_s)
             continue
-        if update is None:
+        if not replica.supersedes(version, vsession) and not engine.weights_dirty:
+            await engine.skip_channel_update(version)  # receive it, keep serving
             continue
-        if not replica.supersedes(update.version, update.session):
-            await asyncio.to_thread(lambda: sum(1 for _ in update.tensors()))  # drain, keep serving
-            continue
-        try:
-            await replica.apply_weights(update.version, update.tensors(), session=update.session)
-            rx.report_loaded(update.version)
-        except TransferError as exc:
+        rollback = replica.other_line(vsession) or engine.weights_dirty
+        res = await engine.load_from_channel(version, rollback=rollback)
+        if res.get("ok"):
+            await _loaded(replica, res, vsession)
+        elif res.get("refused"):
+            log.error("replica %s: refused v%d: %s", replica.name, version, res.get("error"))
+        else:
             log.warning("replica %s: transfer of v%d failed (%s); catching up via snapshot",
-                        replica.name, update.version, exc)
-            needs_catch_up, target = True, update.version
-        except WeightUpdateError as exc:
-            log.error("replica %s: refused v%d: %s", replica.name, update.version, exc)
+                        replica.name, version, res.get("error"))
+            needs_catch_up, target = True, version
 
 
 async def run_weight_subscriber(replica: Replica, cfg, name: str, stop: asyncio.Event) -> None:
-    """Connect to the publisher described by ``cfg`` (WeightChannelConfig) and follow it,
-    reconnecting after the channel is lost, until ``stop`` is set."""
-    from services.weights import WeightChannelError, WeightReceiver
-
-    while not stop.is_set():
-        rx = WeightReceiver(cfg, name, served_version=replica.engine.version, served_session=replica.weights_session)
-        try:
-            await asyncio.to_thread(rx.connect)
-            await follow_updates(replica, rx, stop)
-        except WeightChannelError as exc:
-            log.warning("replica %s: weight channel: %s; reconnecting", replica.name, exc)
-            await asyncio.sleep(1.0)
-        finally:
-            await asyncio.to_thread(rx.close)
+    """Subscribe the engine's workers to the publisher described by ``cfg``
+    (WeightChannelConfig) and follow it, reconnecting after the channel is lost, until
+    ``stop`` is set."""
+    engine = replica.engine
+    notes = _Notes()
+    try:
+        while not stop.is_set():
+            try:
+                await engine.open_weight_channel(cfg, name, replica.weights_session, notes.addr)
+                await follow_updates(replica, cfg, notes, stop)
+            except Exception as exc:  # noqa: BLE001 -- the channel failed: reconnect (RPC errors included)
+                if not engine.healthy:
+                    raise
+                log.warning("replica %s: weight channel: %s; reconnecting", replica.name, exc)
+                await asyncio.sleep(1.0)
+            finally:
+                try:
+                    await engine.close_weight_channel()
+                except Exception:  # noqa: BLE001
+                    log.debug("closing the weight channel failed", exc_info=True)
+    finally:
+        notes.close()

@@ -1,13 +1,13 @@
 """Methods mixed into every vLLM worker (``worker_extension_cls``), called by ``collective_rpc``.
 
 vLLM's async engine runs the model in a worker process; control messages reach it as
-msgpack (no pickle), so tensors are not handed over in the RPC itself. Instead the replica
-writes one policy version as a safetensors file (on tmpfs, ``/dev/shm`` when it exists) and
-asks every worker to stream that file into its model in place with the worker's own
-``reload_weights(weights_iterator=...)`` -- the path that re-applies vLLM's kernel-format
-processing (weight repacking on CPU, fused QKV/gate-up on every device). The same code runs
-on CPU and GPU workers: checkpoint-format tensors are copied to the worker's device by each
-parameter's ``weight_loader``.
+msgpack (no pickle), so tensors never travel in these calls. The weight channel's
+receiving side runs right here, in the worker (``meshrl_weights_*``, see
+:mod:`rollout_svc.weight_stream`): buckets arrive on the worker's device and stream into
+the model with the worker's own ``reload_weights(weights_iterator=...)``. The same code
+runs on CPU and GPU workers: checkpoint-format tensors are copied into each parameter by
+its ``weight_loader``. ``meshrl_load_safetensors`` loads a file that is already on disk
+(local loads: tests, an operator's checkpoint).
 
 This module is imported inside the worker process by qualified name; it must stay light.
 """
@@ -16,33 +16,68 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def refresh_embedding_kernels(model: Any) -> int:
-    """Rebuild the CPU matmul kernels of embedding-type layers from their current weights.
-
-    On CPU, vLLM packs each embedding's weight into a GEMM kernel once, after loading, for
-    its use as an LM head (tied embeddings: ``lm_head`` *is* ``embed_tokens``). An in-place
-    ``reload_weights`` updates the weight but not that packed copy, so the replica would
-    keep computing logits with the old LM head while the trainer moves on. Linear layers
-    are unaffected (their kernels are rebuilt by the reload). No-op on GPUs, where the LM
-    head reads the weight directly. Returns how many layers were refreshed."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return 0
-    count = 0
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        weight = getattr(module, "weight", None)
-        if isinstance(method, UnquantizedEmbeddingMethod) and weight is not None and weight.numel() > 0:
-            method.process_weights_after_loading(module)
-            count += 1
-    return count
+from rollout_svc.weight_stream import refresh_embedding_kernels  # noqa: F401  (re-exported)
 
 
 class MeshWorkerExtension:
     """Worker-side weight loading for meshrl replicas (mixed into vLLM's Worker class)."""
+
+    _meshrl_stream = None
+
+    # -- the weight channel, received in this process ---------------------------------------
+
+    def meshrl_weights_open(self, cfg_json: str, replica_id: str, served_version: int, served_session: int,
+                            manifest_json: str | None, notify_addr: str | None) -> dict[str, Any]:
+        """Subscribe to the publisher (closing an earlier subscription); returns ``state()``."""
+        from rollout_svc.weight_stream import WorkerWeightStream
+
+        self.meshrl_weights_close()
+        rank = getattr(self, "rank", 0) or 0
+        rid = replica_id if rank == 0 else f"{replica_id}.w{rank}"
+        stream = WorkerWeightStream(self, cfg_json, rid, served_version, served_session, manifest_json, notify_addr)
+        state = stream.connect()
+        self._meshrl_stream = stream
+        return state
+
+    def _stream(self):
+        if self._meshrl_stream is None:
+            raise RuntimeError("meshrl_weights_open() first")
+        return self._meshrl_stream
+
+    def meshrl_weights_state(self) -> dict[str, Any]:
+        return self._stream().state()
+
+    def meshrl_weights_load(self, version: int) -> dict[str, Any]:
+        return self._stream().load(version)
+
+    def meshrl_weights_skip(self, version: int) -> dict[str, Any]:
+        return self._stream().skip(version)
+
+    def meshrl_weights_load_snapshot(self, min_version: int, timeout_s: float) -> dict[str, Any] | None:
+        return self._stream().load_snapshot(min_version, timeout_s)
+
+    def meshrl_weights_snapshot_version(self) -> int:
+        return self._stream().snapshot_version()
+
+    def meshrl_weights_loaded(self, version: int) -> None:
+        self._stream().loaded(version)
+
+    def meshrl_weights_close(self) -> None:
+        stream, self._meshrl_stream = self._meshrl_stream, None
+        if stream is not None:
+            stream.close()
+
+    def meshrl_rss_bytes(self) -> dict[str, int]:
+        """This worker process's resident memory now and at its peak (``VmRSS``/``VmHWM``)."""
+        out = {}
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    key, value = line.split(":", 1)
+                    out[key] = int(value.split()[0]) * 1024
+        return out
+
+    # -- local loads --------------------------------------------------------------------------
 
     def meshrl_load_safetensors(self, path: str) -> dict[str, Any]:
         """Load every tensor of the safetensors file ``path`` into the live model, in place.

@@ -122,9 +122,13 @@ class WeightReceiver:
     """Receives policy versions for one replica (see module docstring)."""
 
     def __init__(self, cfg: WeightChannelConfig, replica_id: str, address: str | None = None, served_version: int = -1,
-                 served_session: int = 0, credential: auth.JobCredential | None = None):
+                 served_session: int = 0, credential: auth.JobCredential | None = None,
+                 on_event: Callable[[str], None] | None = None):
         self.cfg = cfg
         self.credential = auth.resolve(credential)  # every call to the publisher carries it
+        self._on_event = on_event
+        """Called (from the receiver's threads, must not block) with "update" when a version
+        begins, "welcome" when a publisher (re)subscribed us, "fatal" on a fatal error."""
         self.replica_id = check_replica_id(replica_id)
         self.address = address or f"{cfg.host}:{cfg.control_port}"
         self._served = served_version
@@ -247,6 +251,16 @@ class WeightReceiver:
         self._served, self._served_session = version, self._session
         self._ack(pb.ACK_STATUS_LOADED, 0, version)
 
+    def publisher_status(self, timeout: float | None = None) -> pb.StatusReply:
+        """The publisher's ``Status`` (latest and snapshot versions, replicas); ``TransferError``
+        when it cannot be reached."""
+        if self._stub is None:
+            raise WeightChannelError("connect() first")
+        try:
+            return self._stub.Status(pb.StatusRequest(), timeout=self.cfg.connect_timeout_s if timeout is None else timeout)
+        except grpc.RpcError as e:
+            raise TransferError(f"Status of the weight publisher failed: {e.code().name}") from e
+
     def fetch_snapshot(self, min_version: int = -1, timeout: float | None = None) -> Snapshot | None:
         """Download the publisher's latest snapshot (None when it has none >= ``min_version``).
 
@@ -298,6 +312,14 @@ class WeightReceiver:
             if self._fatal is None:
                 self._fatal = err
             self._cond.notify_all()
+        self._event("fatal")
+
+    def _event(self, kind: str) -> None:
+        if self._on_event is not None:
+            try:
+                self._on_event(kind)
+            except Exception:  # a notification is a hint; the consumer also polls
+                log.debug("%s: on_event(%s) failed", self.replica_id, kind, exc_info=True)
 
     def _read_loop(self) -> None:
         broken_since: float | None = None
@@ -388,6 +410,7 @@ class WeightReceiver:
             self.latest_version = msg.welcome.latest_version
             self.snapshot_version = msg.welcome.snapshot_version
             self._welcomed.set()
+            self._event("welcome")
             return
         if msg.session != self._session:
             return  # left over from an earlier publisher
@@ -453,6 +476,7 @@ class WeightReceiver:
                 self.dropped_updates += 1
             self._pending = u
             self._cond.notify_all()
+        self._event("update")
 
     def _bucket(self, msg: pb.ControlMessage) -> None:
         u = self._current

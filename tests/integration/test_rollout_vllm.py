@@ -194,7 +194,7 @@ def _greedy(el, replica, prompt, uid):
 def test_weight_update_changes_generation_in_place(rig, tiny_model: str) -> None:
     from safetensors.torch import load_file
 
-    from rollout_svc.weights import WeightUpdateError
+    from rollout_svc.weight_check import WeightUpdateError
 
     el, engine, replica = rig
     prompt = _prompt(tiny_model, "7-5=")

@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from rollout_svc.settings import SettingsError, load_settings, settings_from_dict
-from rollout_svc.weights import WeightManifest, WeightUpdateError, stage_weights
+from rollout_svc.weight_check import VersionCheck, WeightManifest, WeightUpdateError, write_checked_file
 from services.config.rollout import RolloutConfig
 
 
@@ -68,13 +68,13 @@ def _manifest() -> WeightManifest:
                           optional=frozenset({"lm_head.weight"}))
 
 
-def test_stage_weights_validates_everything_before_writing(tmp_path: Path) -> None:
+def test_local_loads_are_checked_whole_before_writing(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     m = _manifest()
     good = [("a.weight", torch.ones(2, 3, dtype=torch.float64)), ("model.embed_tokens.weight", torch.zeros(4, 2))]
     p = tmp_path / "w.safetensors"
-    assert stage_weights(iter(good), str(p), m, "float32")["tensors"] == 2
+    assert write_checked_file(iter(good), str(p), m, "float32")["tensors"] == 2
     back = load_file(str(p))
     assert back["a.weight"].dtype == torch.float32 and back["a.weight"].sum() == 6
     cases = [
@@ -90,8 +90,14 @@ def test_stage_weights_validates_everything_before_writing(tmp_path: Path) -> No
     for items, msg in cases:
         q = tmp_path / f"bad-{msg[:4]}.safetensors"
         with pytest.raises(WeightUpdateError, match=msg):
-            stage_weights(iter(items), str(q), m, "float32")
+            write_checked_file(iter(items), str(q), m, "float32")
         assert not q.exists()
+        # the streaming check (the weight channel's path) refuses the same things
+        with pytest.raises(WeightUpdateError, match=msg):
+            check = VersionCheck(m)
+            for item in items:
+                check.check(item)
+            check.finish()
 
 
 def test_manifest_from_tiny_model(tiny_model: str) -> None:

@@ -1,0 +1,262 @@
+"""The replica's end of the weight channel, inside the vLLM worker process.
+
+One :class:`WorkerWeightStream` lives in each vLLM worker (created by
+``MeshWorkerExtension.meshrl_weights_open``). It owns a
+:class:`services.weights.WeightReceiver`, so the channel's buckets (gloo on CPU, NCCL on
+GPU: the buffers are on the worker's own device) land in the process that holds the model,
+and each version is streamed into the live model bucket by bucket through the worker's
+``reload_weights(weights_iterator=...)`` -- vLLM's in-place path that re-applies its
+kernel-format processing (repacked linear weights on CPU, fused QKV/gate-up everywhere).
+No file, no second copy of the model: the receiver keeps at most ``pipeline_depth`` buckets
+posted plus a few received ahead of the loader, and each bucket's memory is freed once vLLM
+has copied its tensors.
+
+The replica's main process drives it through ``collective_rpc`` (msgpack, no tensors):
+``state()`` says whether a version is pending, ``load(version)`` streams it in (the caller
+has paused the scheduler), ``load_snapshot(min_version)`` catches up from the publisher's
+snapshot, ``loaded(version)`` reports the served version. The receiver's threads send a
+one-word datagram to the main process (``notify_addr``, an abstract Unix socket) when
+something happened, so the main process does not have to poll quickly.
+
+Every tensor is checked (``rollout_svc.weight_check.VersionCheck``) before vLLM sees it. A
+check or transfer that fails before any tensor reached the model leaves the old weights in
+place; one that fails later leaves a mix of versions, reported as ``touched``: the replica
+then keeps its scheduler paused (serves nothing) until a complete version is loaded.
+
+This module is imported inside the worker process by ``rollout_svc.worker_ext``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any
+
+from rollout_svc.weight_check import VersionCheck, WeightManifest, WeightUpdateError
+
+log = logging.getLogger(__name__)
+
+
+def refresh_embedding_kernels(model: Any) -> int:
+    """Rebuild the CPU matmul kernels of embedding-type layers from their current weights.
+
+    On CPU, vLLM packs each embedding's weight into a GEMM kernel once, after loading, for
+    its use as an LM head (tied embeddings: ``lm_head`` *is* ``embed_tokens``). An in-place
+    ``reload_weights`` updates the weight but not that packed copy, so the replica would
+    keep computing logits with the old LM head while the trainer moves on. Linear layers
+    are unaffected (their kernels are rebuilt by the reload). No-op on GPUs, where the LM
+    head reads the weight directly. Returns how many layers were refreshed."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if isinstance(method, UnquantizedEmbeddingMethod) and weight is not None and weight.numel() > 0:
+            method.process_weights_after_loading(module)
+            count += 1
+    return count
+
+
+def load_into_worker(worker: Any, named_tensors, check: VersionCheck) -> dict[str, Any]:
+    """Stream ``named_tensors`` into ``worker``'s live model, checking each one first.
+
+    Returns ``{"ok", "tensors", "bytes", "seconds", "touched", "error", "refused"}``: never
+    raises for a bad or broken version. ``touched``: some tensor reached the model before
+    the failure (the model may now mix versions). ``refused``: the version itself was bad
+    (a check failed), as opposed to a transfer that broke.
+    """
+    t0 = time.perf_counter()
+    yielded = 0
+    finished = False
+
+    def stream():
+        nonlocal yielded, finished
+        for item in named_tensors:
+            name, t = check.check(item)
+            yielded += 1
+            yield name, t
+        check.finish()
+        finished = True
+
+    result: dict[str, Any] = {"ok": False, "tensors": 0, "bytes": 0, "touched": False, "error": None, "refused": False}
+    try:
+        worker.reload_weights(weights_iterator=stream())
+    except Exception as e:  # noqa: BLE001 -- reported to the main process, which decides
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["refused"] = isinstance(e, WeightUpdateError)
+        result["touched"] = yielded > 0
+        if not finished:
+            _restore_layers(worker)
+    else:
+        result.update(ok=True, tensors=len(check.seen), bytes=check.nbytes)
+    model = worker.model_runner.get_model()
+    result["refreshed_kernels"] = refresh_embedding_kernels(model)
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+def _restore_layers(worker: Any) -> None:
+    """After ``reload_weights`` stopped half-way: put every layer back on its device.
+
+    vLLM's in-place reload moves layers to the meta device and buffers their weights until
+    a layer is complete; an exception from the iterator skips its finalisation. Finalising
+    here puts untouched layers' kernel tensors back (their old weights), so the model is
+    whole again (maybe of mixed versions: the caller knows from ``touched``)."""
+    from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+    try:
+        finalize_layerwise_reload(worker.model_runner.get_model(), worker.vllm_config.model_config)
+    except Exception:  # noqa: BLE001
+        log.exception("restoring the model's layers after a failed reload failed")
+
+
+class WorkerWeightStream:
+    """The weight channel's receiving side in one vLLM worker (see module docstring)."""
+
+    def __init__(self, worker: Any, cfg_json: str, replica_id: str, served_version: int, served_session: int,
+                 manifest_json: str | None, notify_addr: str | None):
+        from services.config.weights import WeightChannelConfig
+        from services.weights import WeightReceiver
+
+        cfg = WeightChannelConfig.model_validate_json(cfg_json)
+        if cfg.receive_ahead_buckets == 0:  # 0 = a whole version: never here, it would be a model copy
+            cfg = cfg.model_copy(update={"receive_ahead_buckets": cfg.pipeline_depth})
+        self.cfg = cfg
+        self.worker = worker
+        self.manifest = WeightManifest.from_json(manifest_json)
+        self._notify_addr = notify_addr
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if notify_addr else None
+        if self._sock is not None:
+            self._sock.setblocking(False)
+        self._pending = None
+        self.rx = WeightReceiver(cfg, replica_id, served_version=served_version, served_session=served_session,
+                                 on_event=self._notify)
+
+    def _notify(self, kind: str) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.sendto(kind.encode(), self._notify_addr)
+            except OSError:  # the main process is busy or gone: it polls anyway
+                pass
+
+    def connect(self) -> dict[str, Any]:
+        """Start subscribing in the background (the engine must not wait for a publisher that
+        is not up yet); ``state()`` has session 0 until the publisher's WELCOME."""
+        import threading
+
+        def run() -> None:
+            try:
+                self.rx.connect()
+            except Exception as e:  # noqa: BLE001 -- reported by state()
+                self._connect_error = f"{type(e).__name__}: {e}"
+                self._notify("fatal")
+
+        self._connect_error: str | None = None
+        threading.Thread(target=run, name="weights-connect", daemon=True).start()
+        return self.state()
+
+    def state(self) -> dict[str, Any]:
+        """What the main process needs to decide its next step (never blocks)."""
+        from services.weights import VersionError, WeightChannelError
+
+        fatal = fatal_kind = None
+        if getattr(self, "_connect_error", None):
+            fatal, fatal_kind = self._connect_error, "channel"
+        try:
+            u = self.rx.wait_for_update(0) if self.rx.session else None
+            if u is not None:
+                self._pending = u  # a newer version replaces one nobody took
+        except WeightChannelError as e:
+            fatal, fatal_kind = str(e), ("version" if isinstance(e, VersionError) else "channel")
+        p = self._pending
+        return {
+            "session": self.rx.session,
+            "latest_version": self.rx.latest_version,
+            "snapshot_version": self.rx.snapshot_version,
+            "pending_version": None if p is None else p.version,
+            "pending_session": None if p is None else p.session,
+            "fatal": fatal,
+            "fatal_kind": fatal_kind,
+        }
+
+    def _take(self, version: int):
+        u, self._pending = self._pending, None
+        if u is None or u.version != version:
+            return None
+        return u
+
+    def load(self, version: int) -> dict[str, Any]:
+        """Stream the pending ``version`` into the model (the scheduler is paused)."""
+        from services.weights import TransferError
+
+        u = self._take(version)
+        if u is None:
+            return {"ok": False, "touched": False, "refused": False, "error": f"v{version} is not pending here"}
+        check = VersionCheck(self.manifest)
+        result = load_into_worker(self.worker, u.tensors(), check)
+        if not result["ok"] and result["refused"]:
+            try:  # let the rest of the transfer arrive so the channel stays healthy
+                for _ in u.buckets():
+                    pass
+            except TransferError:
+                pass
+            except Exception:  # noqa: BLE001 -- already iterated: the failure was before it began
+                pass
+        return result
+
+    def skip(self, version: int) -> dict[str, Any]:
+        """Receive the pending ``version`` without loading it (the replica serves newer)."""
+        from services.weights import WeightChannelError
+
+        u = self._take(version)
+        if u is not None:
+            try:
+                for _ in u.buckets():
+                    pass
+            except WeightChannelError as e:
+                return {"ok": False, "error": str(e)}
+        return {"ok": True}
+
+    def snapshot_version(self) -> int:
+        """Version of the publisher's snapshot now (-1: none, or unreachable)."""
+        from services.weights import WeightChannelError
+
+        try:
+            return int(self.rx.publisher_status(5.0).snapshot_version)
+        except WeightChannelError:
+            return -1
+
+    def load_snapshot(self, min_version: int, timeout_s: float) -> dict[str, Any] | None:
+        """Fetch the publisher's snapshot (>= ``min_version``) and load it; None if there is none.
+
+        The snapshot arrives as one safetensors stream and is parsed whole before loading
+        (this is the catch-up path after a failure or a late join, not the steady state)."""
+        from services.weights import SnapshotError
+
+        session = self.rx.session
+        try:
+            snap = self.rx.fetch_snapshot(min_version, timeout_s)
+        except SnapshotError as e:
+            return {"ok": False, "touched": False, "refused": False, "error": str(e), "version": -1,
+                    "session": session}
+        if snap is None:
+            return None
+        version = snap.version
+        result = load_into_worker(self.worker, snap.tensors(), VersionCheck(self.manifest))
+        del snap
+        result.update(version=version, session=session)
+        return result
+
+    def loaded(self, version: int) -> None:
+        self.rx.report_loaded(version)
+
+    def close(self) -> None:
+        self._pending = None
+        self.rx.close()
+        if self._sock is not None:
+            self._sock.close()
