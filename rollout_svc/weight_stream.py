@@ -134,8 +134,12 @@ class WorkerWeightStream:
         if self._sock is not None:
             self._sock.setblocking(False)
         self._pending = None
+        from services.weights.plan import DTYPE_NAMES
+
+        serve_dtype = DTYPE_NAMES.get(worker.vllm_config.model_config.dtype, "")
         self.rx = WeightReceiver(cfg, replica_id, served_version=served_version, served_session=served_session,
-                                 on_event=self._notify)
+                                 on_event=self._notify,
+                                 serve_dtype=serve_dtype if serve_dtype in ("float32", "bfloat16", "float16") else "")
 
     def _notify(self, kind: str) -> None:
         if self._sock is not None:

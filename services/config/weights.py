@@ -29,9 +29,17 @@ class WeightChannelConfig(StrictModel):
         64.0,
         gt=0,
         le=16384,
-        description="Target bucket size in MiB: tensors are packed in order into flat byte "
-        "buffers of about this size, one broadcast per bucket. A tensor larger than a bucket "
-        "travels alone in a bucket of its own size.",
+        description="Bucket size in MiB: tensors are packed in order into flat byte buffers of "
+        "at most this size, one broadcast per bucket. A larger tensor is split into pieces over "
+        "consecutive buckets, so this bounds every buffer of the channel whatever the model.",
+    )
+    wire_dtype: Literal["auto", "off", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Publisher side: the dtype floating-point tensors travel in. Tensors with "
+        "wider elements are cast while they are packed (no extra copy); narrower ones and "
+        "non-float tensors travel as they are. 'auto' = the dtype the replicas of a transfer "
+        "serve, when they all announced the same one (fp32 master weights go as bf16 to bf16 "
+        "replicas: half the bytes); 'off' = never cast. The snapshot holds what was sent.",
     )
     zero_copy_min_mb: float = Field(
         4.0,

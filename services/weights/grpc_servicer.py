@@ -15,7 +15,7 @@ import grpc
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
 from services.weights.errors import SnapshotError, TransferError
-from services.weights.messages import check_replica_id, control
+from services.weights.messages import check_replica_id, check_serve_dtype, control
 
 if TYPE_CHECKING:
     from services.weights.publisher import WeightPublisher
@@ -32,7 +32,8 @@ class WeightServicer(pb_grpc.WeightServiceServicer):
     def Subscribe(self, request, context):  # noqa: N802 (gRPC naming)
         try:
             rid = check_replica_id(request.replica_id)
-            sub = self.pub._subscribe(rid, request.served_version, request.served_session)
+            sub = self.pub._subscribe(rid, request.served_version, request.served_session,
+                                      check_serve_dtype(request.serve_dtype))
         except (ValueError, TransferError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, ValueError) else grpc.StatusCode.UNAVAILABLE, str(e))
         context.add_callback(lambda: self.pub._unsubscribe(sub))

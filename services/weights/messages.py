@@ -52,7 +52,8 @@ def bucket_to_pb(b: Bucket) -> pb.BucketPlan:
         index=b.index,
         nbytes=b.nbytes,
         tensors=[
-            pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape), offset=s.offset, nbytes=s.nbytes)
+            pb.TensorSpec(name=s.name, dtype=s.dtype, shape=list(s.shape), offset=s.offset, nbytes=s.nbytes,
+                          piece_offset=s.piece_offset, tensor_nbytes=s.whole_nbytes if s.is_piece else 0)
             for s in b.specs
         ],
     )
@@ -61,7 +62,8 @@ def bucket_to_pb(b: Bucket) -> pb.BucketPlan:
 def bucket_from_pb(m: pb.BucketPlan) -> Bucket:
     """A validated ``Bucket`` (no buffer yet) from its announced plan; ``PlanError`` if malformed."""
     specs = [
-        TensorSpec(name=t.name, dtype=t.dtype, shape=tuple(int(d) for d in t.shape), offset=t.offset, nbytes=t.nbytes)
+        TensorSpec(name=t.name, dtype=t.dtype, shape=tuple(int(d) for d in t.shape), offset=t.offset, nbytes=t.nbytes,
+                   piece_offset=t.piece_offset, tensor_nbytes=t.tensor_nbytes if t.tensor_nbytes else -1)
         for t in m.tensors
     ]
     b = Bucket(index=m.index, nbytes=m.nbytes, specs=specs)
@@ -90,6 +92,17 @@ def check_control(m: pb.ControlMessage) -> str:
     return expected
 
 
+SERVE_DTYPES = ("", "float32", "bfloat16", "float16")
+"""What a replica may announce as the dtype it serves ("" = unknown)."""
+
+
+def check_serve_dtype(dtype: str) -> str:
+    """``dtype`` if a replica may announce it (see ``SERVE_DTYPES``); else ``ValueError``."""
+    if dtype not in SERVE_DTYPES:
+        raise ValueError(f"serve_dtype must be one of {SERVE_DTYPES[1:]} or empty, got {dtype[:40]!r}")
+    return dtype
+
+
 def check_replica_id(replica_id: str) -> str:
     """``replica_id`` if it is 1..128 printable characters; else ``ValueError``."""
     if not isinstance(replica_id, str) or not 1 <= len(replica_id) <= MAX_REPLICA_ID or not replica_id.isprintable():
@@ -97,4 +110,5 @@ def check_replica_id(replica_id: str) -> str:
     return replica_id
 
 
-__all__ = ["PlanError", "bucket_from_pb", "bucket_to_pb", "check_control", "check_replica_id", "control"]
+__all__ = ["PlanError", "bucket_from_pb", "bucket_to_pb", "check_control", "check_replica_id", "check_serve_dtype",
+           "control"]

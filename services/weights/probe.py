@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     from services.config.weights import WeightChannelConfig
     from services.weights import TransferError, WeightReceiver
+    from services.weights.plan import TensorAssembler
 
     def at(spec: str | None) -> tuple[int, int] | None:
         if not spec:
@@ -96,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             digest: dict[str, str] = {}
             nbytes = 0
             try:
+                asm = TensorAssembler()
                 for bucket in update.buckets():
-                    for name, t in bucket.tensors():
+                    for name, t in asm.feed(bucket):
                         nbytes += t.numel() * t.element_size()
                         if not args.no_digest:
                             digest[name] = tensor_digest(t)

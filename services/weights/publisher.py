@@ -41,9 +41,9 @@ from services.weights.arena import RotatingBuffers, SnapshotArena
 from services.weights.errors import PlanError, SnapshotError, TransferError, VersionError
 from services.weights.group import DataGroup, GroupSpec, connect_store, device_for, resolve_backend
 from services.weights.messages import SERVER_OPTIONS, bucket_to_pb, control
-from services.weights.plan import Bucket, iter_buckets
 from services.weights.grpc_servicer import WeightServicer
 from services.weights.metrics import PublisherMetrics
+from services.weights.plan import DTYPES, Bucket, iter_buckets
 
 log = logging.getLogger(__name__)
 K = pb.ControlKind
@@ -79,6 +79,7 @@ class _Subscriber:
     received_version: int = -1
     ready: bool = True
     connected: bool = True
+    serve_dtype: str = ""
     acks: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
@@ -227,8 +228,9 @@ class WeightPublisher:
             zero_copy = arena is None or (borrow and direct)
             zc_min = max(1, int(self.cfg.zero_copy_min_mb * (1 << 20))) if zero_copy else None
             try:
-                for bucket in iter_buckets(named_tensors, self.cfg.bucket_bytes, self.device, alloc, zc_min):
-                    nb, nt, tb = nb + 1, nt + len(bucket.specs), tb + sum(s.nbytes for s in bucket.specs)
+                wire = self.wire_dtype(members if group is not None else [])
+                for bucket in iter_buckets(named_tensors, self.cfg.bucket_bytes, self.device, alloc, zc_min, wire):
+                    nb, nt, tb = nb + 1, nt + bucket.num_tensors, tb + sum(s.nbytes for s in bucket.specs)
                     if group is not None and error is None:
                         self._send(members, control(K.CONTROL_KIND_BUCKET, self.session, epoch, version,
                                                     bucket=bucket_to_pb(bucket)))
@@ -283,6 +285,18 @@ class WeightPublisher:
             if error:
                 log.warning("weights v%d: transfer failed (%s); %d replica(s) left out", version, error, len(failed))
             return report
+
+    def wire_dtype(self, members: list[_Subscriber]) -> torch.dtype | None:
+        """The dtype wider floating-point tensors are cast to for ``members`` (None: as they are)."""
+        w = self.cfg.wire_dtype
+        if w == "off":
+            return None
+        if w != "auto":
+            return DTYPES[w]
+        announced = {s.serve_dtype for s in members}
+        if len(announced) == 1 and (d := announced.pop()):
+            return DTYPES[d]
+        return None
 
     def _send(self, members: list[_Subscriber], msg: pb.ControlMessage) -> None:
         for s in members:
@@ -413,7 +427,8 @@ class WeightPublisher:
         return self._arena.save(Path(path))
 
     # ------------------------------------------------------------------ servicer hooks
-    def _subscribe(self, replica_id: str, served_version: int, served_session: int = 0) -> _Subscriber:
+    def _subscribe(self, replica_id: str, served_version: int, served_session: int = 0,
+                   serve_dtype: str = "") -> _Subscriber:
         if served_session not in (0, self.session):
             served_version = -1  # another publisher's version numbers are not ours
         with self._lock:
@@ -422,7 +437,7 @@ class WeightPublisher:
             old = self._subs.get(replica_id)
             if old is None and len(self._subs) >= self.cfg.max_replicas:
                 raise TransferError(f"max_replicas={self.cfg.max_replicas} replicas already subscribed")
-            sub = _Subscriber(replica_id, queue.Queue(), served_version=served_version)
+            sub = _Subscriber(replica_id, queue.Queue(), served_version=served_version, serve_dtype=serve_dtype)
             self._subs[replica_id] = sub
             self._lock.notify_all()
         if old is not None:

@@ -41,7 +41,7 @@ from services.weights.errors import (
 from services.net import local_address_towards
 from services.weights.group import DataGroup, GroupSpec, connect_store
 from services.weights.messages import CLIENT_OPTIONS, bucket_from_pb, check_control, check_replica_id
-from services.weights.plan import Bucket
+from services.weights.plan import Bucket, TensorAssembler, iter_tensors
 from services.weights.snapshot import parse_safetensors
 
 log = logging.getLogger(__name__)
@@ -90,9 +90,9 @@ class Update:
                 item.buffer = None
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(name, tensor)`` of every bucket, in the publisher's order."""
-        for b in self.buckets():
-            yield from b.tensors()
+        """Yield ``(name, tensor)`` of every bucket, in the publisher's order (whole tensors are
+        views of their bucket; a split tensor is reassembled in a buffer of its own)."""
+        return iter_tensors(self.buckets())
 
     # worker side
     def _put(self, item: object) -> None:
@@ -123,9 +123,11 @@ class WeightReceiver:
 
     def __init__(self, cfg: WeightChannelConfig, replica_id: str, address: str | None = None, served_version: int = -1,
                  served_session: int = 0, credential: auth.JobCredential | None = None,
-                 on_event: Callable[[str], None] | None = None):
+                 on_event: Callable[[str], None] | None = None, serve_dtype: str = ""):
         self.cfg = cfg
         self.credential = auth.resolve(credential)  # every call to the publisher carries it
+        self.serve_dtype = serve_dtype
+        """Announced to the publisher: the dtype this replica serves (see weights.wire_dtype)."""
         self._on_event = on_event
         """Called (from the receiver's threads, must not block) with "update" when a version
         begins, "welcome" when a publisher (re)subscribed us, "fatal" on a fatal error."""
@@ -150,6 +152,7 @@ class WeightReceiver:
         self._store_addr: tuple[str, int] | None = None
         self._next_bucket = 0
         self._totals = [0, 0]
+        self._pieces = TensorAssembler()
         self.latest_version = -1
         self.snapshot_version = -1
         self.received_version = -1
@@ -325,7 +328,7 @@ class WeightReceiver:
         broken_since: float | None = None
         while not self._closed.is_set():
             req = pb.SubscribeRequest(replica_id=self.replica_id, served_version=self._served,
-                                      served_session=self._served_session)
+                                      served_session=self._served_session, serve_dtype=self.serve_dtype)
             try:
                 self._call = self._stub.Subscribe(req)  # type: ignore[union-attr]
                 for msg in self._call:
@@ -466,6 +469,7 @@ class WeightReceiver:
         u = Update(msg.policy_version, msg.epoch, self.cfg.receive_ahead_buckets, self.cfg.transfer_timeout_s,
                    self._give_back if self.cfg.reuse_buffers else None, session=msg.session)
         self._next_bucket, self._totals = 0, [0, 0]
+        self._pieces = TensorAssembler()  # checks the split tensors' plans as they arrive
         if self._group is None:
             u._fail("not part of the data group")
             self._ack(pb.ACK_STATUS_FAILED, msg.epoch, msg.policy_version, "not part of the data group")
@@ -485,11 +489,13 @@ class WeightReceiver:
         if msg.bucket.index != self._next_bucket:
             raise PlanError(f"v{u.version}: bucket {msg.bucket.index} arrived, expected {self._next_bucket}")
         bucket = bucket_from_pb(msg.bucket)
+        for spec in bucket.specs:
+            self._pieces.advance(spec)
         bucket.buffer = self._take(bucket.nbytes, self._group.device)
         pending = self._group.post(bucket.buffer) if bucket.nbytes else None  # TransferError -> fail
         self._inflight.append((bucket, pending))
         self._next_bucket += 1
-        self._totals[0] += len(bucket.specs)
+        self._totals[0] += bucket.num_tensors
         self._totals[1] += sum(s.nbytes for s in bucket.specs)
 
     def _complete_oldest(self) -> None:
@@ -527,6 +533,7 @@ class WeightReceiver:
         if u is None or u.version != msg.policy_version:
             return
         e = msg.end
+        self._pieces.close()
         if (e.num_buckets, e.num_tensors, e.tensor_bytes) != (self._next_bucket, *self._totals):
             raise PlanError(f"v{u.version}: END says {e.num_buckets} buckets / {e.num_tensors} tensors / "
                             f"{e.tensor_bytes} bytes, received {self._next_bucket} / {self._totals[0]} / "

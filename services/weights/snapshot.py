@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from services.weights.errors import SnapshotError
-from services.weights.plan import DTYPES, Bucket, view_tensor
+from services.weights.plan import DTYPES, Bucket, iter_tensors
 
 ST_DTYPES: dict[str, str] = {
     "float32": "F32",
@@ -51,7 +51,9 @@ def build_header(version: int, buckets: Sequence[Bucket]) -> bytes:
     pos = 0
     for b in buckets:
         for s in b.specs:
-            header[s.name] = {"dtype": ST_DTYPES[s.dtype], "shape": list(s.shape), "data_offsets": [pos, pos + s.nbytes]}
+            if s.piece_offset == 0:  # a split tensor's pieces follow each other: one entry
+                header[s.name] = {"dtype": ST_DTYPES[s.dtype], "shape": list(s.shape),
+                                  "data_offsets": [pos, pos + s.whole_nbytes]}
             pos += s.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -159,7 +161,5 @@ def iter_file_chunks(path: Path, chunk_bytes: int) -> Iterator[tuple[int, int, b
 
 
 def bucket_tensors(buckets: Sequence[Bucket]) -> Iterator[tuple[str, torch.Tensor]]:
-    """All ``(name, tensor)`` views of ``buckets`` in order."""
-    for b in buckets:
-        for s in b.specs:
-            yield s.name, view_tensor(b.buffer, s)  # type: ignore[arg-type]
+    """All ``(name, tensor)`` of ``buckets`` in order (split tensors reassembled)."""
+    return iter_tensors(buckets)

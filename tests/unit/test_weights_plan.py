@@ -11,14 +11,14 @@ from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.weights import ALIGN, PlanError, SnapshotError, WeightChannelError, iter_buckets
 from services.weights.messages import bucket_from_pb, bucket_to_pb, check_control, check_replica_id, control
-from services.weights.plan import Bucket, TensorSpec
+from services.weights.plan import Bucket, TensorAssembler, TensorSpec, iter_tensors
 from services.weights.snapshot import parse_safetensors, write_snapshot
 
 CPU = torch.device("cpu")
 
 
 def unpack(buckets):
-    return [(n, t.clone()) for b in buckets for n, t in b.tensors()]
+    return [(n, t.clone()) for n, t in iter_tensors(buckets)]
 
 
 def assert_bitwise(got, want):
@@ -43,26 +43,101 @@ def sample():
     ]
 
 
-def test_roundtrip_bitwise_with_alignment_and_oversized_tensor():
+def test_roundtrip_bitwise_with_alignment_and_split_tensor():
     named = sample()
     buckets = list(iter_buckets(iter(named), 4096, CPU))
     assert [b.index for b in buckets] == list(range(len(buckets)))
-    big = [b for b in buckets if any(s.name == "big" for s in b.specs)]
-    assert len(big) == 1 and [s.name for s in big[0].specs] == ["big"] and big[0].nbytes == 12000
+    pieces = [s for b in buckets for s in b.specs if s.name == "big"]
+    # 12000 B over 4096 B buckets: the rest of bucket 0 (after "a"), two full buckets, the tail
+    assert [(s.piece_offset, s.nbytes) for s in pieces] == [(0, 3648), (3648, 4096), (7744, 4096), (11840, 160)]
+    assert all(s.is_piece and s.whole_nbytes == 12000 for s in pieces)
     for b in buckets:
         b.validate()
-        assert b.buffer.dtype == torch.uint8 and b.buffer.numel() == b.nbytes
+        assert b.buffer.dtype == torch.uint8 and b.buffer.numel() == b.nbytes <= 4096
         assert all(s.offset % ALIGN == 0 for s in b.specs)
-        assert b.nbytes <= 4096 or len(b.specs) == 1
     assert_bitwise(unpack(buckets), named)
 
 
 def test_everything_in_one_bucket_and_one_per_bucket():
     named = sample()
     assert len(list(iter_buckets(iter(named), 1 << 20, CPU))) == 1
-    one_each = list(iter_buckets(iter(named), 1, CPU))
-    assert [len(b.specs) for b in one_each if b.nbytes] == [1] * sum(1 for _, t in named if t.numel())
+    one_each = list(iter_buckets(iter(named), 1, CPU))  # one element per bucket
+    assert all(len(b.specs) == 1 and b.nbytes <= 8 for b in one_each if b.nbytes)
     assert_bitwise(unpack(one_each), named)
+
+
+@pytest.mark.parametrize("bucket", [64, 100, 1000, 4096])
+def test_bucket_size_bounds_every_buffer_and_zero_copy_pieces_borrow(bucket):
+    g = torch.Generator().manual_seed(1)
+    named = [("small", torch.randn(3, generator=g)), ("huge", torch.randn(5000, generator=g)),
+             ("after", torch.randn(4, 4, generator=g))]
+    buckets = list(iter_buckets(iter(named), bucket, CPU, zero_copy_min_bytes=1000))
+    assert all(b.nbytes <= max(bucket, 4) for b in buckets)
+    huge = [b for b in buckets if b.specs[0].name == "huge"]
+    assert all(b.borrowed for b in huge)  # views of the tensor's own memory, no copy
+    base = named[1][1].data_ptr()
+    assert [b.buffer.data_ptr() - base for b in huge] == [s.piece_offset for b in huge for s in b.specs]
+    assert_bitwise(unpack(buckets), named)
+
+
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])
+def test_wire_dtype_casts_wider_floats_only(wire):
+    g = torch.Generator().manual_seed(2)
+    named = [("w", torch.randn(40, 30, generator=g)), ("d", torch.randn(5, dtype=torch.float64, generator=g)),
+             ("h", torch.randn(6, generator=g).to(torch.bfloat16)), ("i", torch.arange(4)),
+             ("big", torch.randn(3000, generator=g))]
+    for zero_copy in (None, 1):
+        buckets = list(iter_buckets(iter(named), 2048, CPU, zero_copy_min_bytes=zero_copy, wire_dtype=wire))
+        got = dict(unpack(buckets))
+        for n, t in named:
+            want = t.to(wire) if t.is_floating_point() and t.dtype.itemsize > wire.itemsize else t
+            assert got[n].dtype == want.dtype and torch.equal(got[n], want), n
+        # half the bytes of the fp32 tensors went on the wire
+        assert sum(s.nbytes for b in buckets for s in b.specs if s.name == "big") == 6000
+
+
+def test_assembler_refuses_broken_piece_sequences():
+    def piece(name, off, n=16, total=48):
+        return TensorSpec(name, "float32", (12,), 0, n, piece_offset=off, tensor_nbytes=total)
+
+    whole = TensorSpec("x", "float32", (4,), 0, 16)
+    for seq, match in [
+        ([piece("t", 16)], "without its beginning"),
+        ([piece("t", 0), whole], "incomplete"),
+        ([piece("t", 0), piece("t", 32)], "incomplete"),
+        ([piece("t", 0), piece("u", 16)], "incomplete"),
+    ]:
+        asm = TensorAssembler()
+        with pytest.raises(PlanError, match=match):
+            for s in seq:
+                asm.advance(s)
+    asm = TensorAssembler()
+    asm.advance(piece("t", 0))
+    with pytest.raises(PlanError, match="ended inside"):
+        asm.close()
+    for spec, match in [(piece("t", 2), "whole elements"), (piece("t", 40, 16), "whole elements"),
+                        (piece("t", 0, 16, 44), "nbytes")]:
+        with pytest.raises(PlanError, match=match):
+            Bucket(0, 64, [spec]).validate()
+
+
+def test_split_tensors_travel_through_plans_and_snapshots(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    named = [("a", torch.randn(7, generator=g)), ("big", torch.randn(50, 40, generator=g))]
+    buckets = list(iter_buckets(iter(named), 1024, CPU))
+    again = []
+    for b in buckets:
+        c = bucket_from_pb(bucket_to_pb(b))
+        assert c.specs == b.specs
+        c.buffer = b.buffer
+        again.append(c)
+    assert_bitwise(unpack(again), named)
+    p = tmp_path / "s.safetensors"
+    write_snapshot(p, 4, buckets)
+    assert_bitwise(list(load_file(str(p)).items()), named)
+    version, parsed = parse_safetensors(bytearray(p.read_bytes()))
+    assert version == 4
+    assert_bitwise(parsed, named)
 
 
 def test_only_empty_tensors_make_an_empty_bucket():
@@ -206,8 +281,8 @@ def test_zero_copy_buckets_borrow_big_contiguous_tensors():
     named = [("small", small), ("big", big), ("strided", strided), ("small2", small + 1)]
     buckets = list(iter_buckets(iter(named), 4096, CPU, zero_copy_min_bytes=4096))
     borrowed = [b for b in buckets if b.borrowed]
-    assert [b.specs[0].name for b in borrowed] == ["big"]
-    assert borrowed[0].buffer.data_ptr() == big.data_ptr()  # no copy
+    assert [b.specs[0].name for b in borrowed] == ["big", "big"]  # two 4 KiB pieces
+    assert [b.buffer.data_ptr() for b in borrowed] == [big.data_ptr(), big.data_ptr() + 4096]  # no copy
     assert [b.index for b in buckets] == list(range(len(buckets)))
     assert_bitwise(unpack(buckets), named)
     assert all(not b.borrowed for b in iter_buckets(iter(named), 4096, CPU))  # off by default
@@ -222,7 +297,7 @@ def test_custom_allocator_is_used_for_packed_buckets():
 
     named = [("a", torch.ones(100)), ("b", torch.ones(2000))]
     buckets = list(iter_buckets(iter(named), 1024, CPU, alloc))
-    assert calls == [(0, 1024), (1, 8000)]
+    assert calls == [(i, 1024) for i in range(len(buckets))]  # "b" is split: no bigger buffer
     assert_bitwise(unpack(buckets), named)
 
 
@@ -248,6 +323,7 @@ def test_random_plans_roundtrip_bitwise():
         for b in buckets:
             b.validate()
             bucket_from_pb(bucket_to_pb(b))
+            assert b.nbytes <= max(bucket, 8)  # the bucket size bounds every buffer
         assert [b.index for b in buckets] == list(range(len(buckets)))
         assert_bitwise(unpack(buckets), named)
 
