@@ -24,49 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rweights.proto\x12\tmeshrl.v1\"V\n\x10SubscribeRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eserved_version\x18\x02 \x01(\x03\x12\x16\n\x0eserved_session\x18\x03 \x01(\x04\"\xcf\x02\n\x0e\x43ontrolMessage\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.meshrl.v1.ControlKind\x12\x0f\n\x07session\x18\x02 \x01(\x06\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12%\n\x07welcome\x18\n \x01(\x0b\x32\x12.meshrl.v1.WelcomeH\x00\x12\x1f\n\x04join\x18\x0b \x01(\x0b\x32\x0f.meshrl.v1.JoinH\x00\x12!\n\x05\x62\x65gin\x18\x0c \x01(\x0b\x32\x10.meshrl.v1.BeginH\x00\x12\'\n\x06\x62ucket\x18\r \x01(\x0b\x32\x15.meshrl.v1.BucketPlanH\x00\x12\x1d\n\x03\x65nd\x18\x0e \x01(\x0b\x32\x0e.meshrl.v1.EndH\x00\x12!\n\x05\x61\x62ort\x18\x0f \x01(\x0b\x32\x10.meshrl.v1.AbortH\x00\x42\t\n\x07payload\";\n\x07Welcome\x12\x16\n\x0elatest_version\x18\x01 \x01(\x03\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x03\"\xa0\x01\n\x04Join\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x12\n\nstore_host\x18\x03 \x01(\t\x12\x12\n\nstore_port\x18\x04 \x01(\r\x12\x14\n\x0cstore_prefix\x18\x05 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x14\n\x0cgloo_devices\x18\x08 \x01(\r\"\x1d\n\x05\x42\x65gin\x12\x14\n\x0c\x62ucket_bytes\x18\x01 \x01(\x04\"X\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"S\n\nBucketPlan\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\x12&\n\x07tensors\x18\x03 \x03(\x0b\x32\x15.meshrl.v1.TensorSpec\"E\n\x03\x45nd\x12\x13\n\x0bnum_buckets\x18\x01 \x01(\r\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\x04\x12\x14\n\x0ctensor_bytes\x18\x03 \x01(\x04\"\x17\n\x05\x41\x62ort\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x8f\x01\n\nAckRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\x06\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12$\n\x06status\x18\x05 \x01(\x0e\x32\x14.meshrl.v1.AckStatus\x12\x0f\n\x07message\x18\x06 \x01(\t\"\x19\n\x08\x41\x63kReply\x12\r\n\x05known\x18\x01 \x01(\x08\":\n\x0fSnapshotRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bmin_version\x18\x02 \x01(\x03\"Z\n\rSnapshotChunk\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\x0f\n\rStatusRequest\"d\n\rReplicaStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eserved_version\x18\x02 \x01(\x03\x12\x18\n\x10received_version\x18\x03 \x01(\x03\x12\r\n\x05ready\x18\x04 \x01(\x08\"\x8b\x01\n\x0bStatusReply\x12\x0f\n\x07session\x18\x01 \x01(\x06\x12\x16\n\x0elatest_version\x18\x02 \x01(\x03\x12\x18\n\x10snapshot_version\x18\x03 \x01(\x03\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12*\n\x08replicas\x18\x05 \x03(\x0b\x32\x18.meshrl.v1.ReplicaStatus*\xbb\x01\n\x0b\x43ontrolKind\x12\x1c\n\x18\x43ONTROL_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONTROL_KIND_WELCOME\x10\x01\x12\x15\n\x11\x43ONTROL_KIND_JOIN\x10\x02\x12\x16\n\x12\x43ONTROL_KIND_BEGIN\x10\x03\x12\x17\n\x13\x43ONTROL_KIND_BUCKET\x10\x04\x12\x14\n\x10\x43ONTROL_KIND_END\x10\x05\x12\x16\n\x12\x43ONTROL_KIND_ABORT\x10\x06*n\n\tAckStatus\x12\x1a\n\x16\x41\x43K_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41\x43K_STATUS_RECEIVED\x10\x01\x12\x15\n\x11\x41\x43K_STATUS_FAILED\x10\x02\x12\x15\n\x11\x41\x43K_STATUS_LOADED\x10\x03\x32\x8e\x02\n\rWeightService\x12\x45\n\tSubscribe\x12\x1b.meshrl.v1.SubscribeRequest\x1a\x19.meshrl.v1.ControlMessage0\x01\x12\x31\n\x03\x41\x63k\x12\x15.meshrl.v1.AckRequest\x1a\x13.meshrl.v1.AckReply\x12G\n\rFetchSnapshot\x12\x1a.meshrl.v1.SnapshotRequest\x1a\x18.meshrl.v1.SnapshotChunk0\x01\x12:\n\x06Status\x12\x18.meshrl.v1.StatusRequest\x1a\x16.meshrl.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rweights.proto\x12\tmeshrl.v1\"k\n\x10SubscribeRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eserved_version\x18\x02 \x01(\x03\x12\x16\n\x0eserved_session\x18\x03 \x01(\x04\x12\x13\n\x0bserve_dtype\x18\x04 \x01(\t\"\xcf\x02\n\x0e\x43ontrolMessage\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.meshrl.v1.ControlKind\x12\x0f\n\x07session\x18\x02 \x01(\x06\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12%\n\x07welcome\x18\n \x01(\x0b\x32\x12.meshrl.v1.WelcomeH\x00\x12\x1f\n\x04join\x18\x0b \x01(\x0b\x32\x0f.meshrl.v1.JoinH\x00\x12!\n\x05\x62\x65gin\x18\x0c \x01(\x0b\x32\x10.meshrl.v1.BeginH\x00\x12\'\n\x06\x62ucket\x18\r \x01(\x0b\x32\x15.meshrl.v1.BucketPlanH\x00\x12\x1d\n\x03\x65nd\x18\x0e \x01(\x0b\x32\x0e.meshrl.v1.EndH\x00\x12!\n\x05\x61\x62ort\x18\x0f \x01(\x0b\x32\x10.meshrl.v1.AbortH\x00\x42\t\n\x07payload\";\n\x07Welcome\x12\x16\n\x0elatest_version\x18\x01 \x01(\x03\x12\x18\n\x10snapshot_version\x18\x02 \x01(\x03\"\xa0\x01\n\x04Join\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x12\n\nstore_host\x18\x03 \x01(\t\x12\x12\n\nstore_port\x18\x04 \x01(\r\x12\x14\n\x0cstore_prefix\x18\x05 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\x12\x14\n\x0cgloo_devices\x18\x08 \x01(\r\"\x1d\n\x05\x42\x65gin\x12\x14\n\x0c\x62ucket_bytes\x18\x01 \x01(\x04\"\x85\x01\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\x12\x14\n\x0cpiece_offset\x18\x06 \x01(\x04\x12\x15\n\rtensor_nbytes\x18\x07 \x01(\x04\"S\n\nBucketPlan\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\x12&\n\x07tensors\x18\x03 \x03(\x0b\x32\x15.meshrl.v1.TensorSpec\"E\n\x03\x45nd\x12\x13\n\x0bnum_buckets\x18\x01 \x01(\r\x12\x13\n\x0bnum_tensors\x18\x02 \x01(\x04\x12\x14\n\x0ctensor_bytes\x18\x03 \x01(\x04\"\x17\n\x05\x41\x62ort\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x8f\x01\n\nAckRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\x06\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12$\n\x06status\x18\x05 \x01(\x0e\x32\x14.meshrl.v1.AckStatus\x12\x0f\n\x07message\x18\x06 \x01(\t\"\x19\n\x08\x41\x63kReply\x12\r\n\x05known\x18\x01 \x01(\x08\":\n\x0fSnapshotRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bmin_version\x18\x02 \x01(\x03\"Z\n\rSnapshotChunk\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\x0f\n\rStatusRequest\"d\n\rReplicaStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x16\n\x0eserved_version\x18\x02 \x01(\x03\x12\x18\n\x10received_version\x18\x03 \x01(\x03\x12\r\n\x05ready\x18\x04 \x01(\x08\"\x8b\x01\n\x0bStatusReply\x12\x0f\n\x07session\x18\x01 \x01(\x06\x12\x16\n\x0elatest_version\x18\x02 \x01(\x03\x12\x18\n\x10snapshot_version\x18\x03 \x01(\x03\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12*\n\x08replicas\x18\x05 \x03(\x0b\x32\x18.meshrl.v1.ReplicaStatus*\xbb\x01\n\x0b\x43ontrolKind\x12\x1c\n\x18\x43ONTROL_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONTROL_KIND_WELCOME\x10\x01\x12\x15\n\x11\x43ONTROL_KIND_JOIN\x10\x02\x12\x16\n\x12\x43ONTROL_KIND_BEGIN\x10\x03\x12\x17\n\x13\x43ONTROL_KIND_BUCKET\x10\x04\x12\x14\n\x10\x43ONTROL_KIND_END\x10\x05\x12\x16\n\x12\x43ONTROL_KIND_ABORT\x10\x06*n\n\tAckStatus\x12\x1a\n\x16\x41\x43K_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41\x43K_STATUS_RECEIVED\x10\x01\x12\x15\n\x11\x41\x43K_STATUS_FAILED\x10\x02\x12\x15\n\x11\x41\x43K_STATUS_LOADED\x10\x03\x32\x8e\x02\n\rWeightService\x12\x45\n\tSubscribe\x12\x1b.meshrl.v1.SubscribeRequest\x1a\x19.meshrl.v1.ControlMessage0\x01\x12\x31\n\x03\x41\x63k\x12\x15.meshrl.v1.AckRequest\x1a\x13.meshrl.v1.AckReply\x12G\n\rFetchSnapshot\x12\x1a.meshrl.v1.SnapshotRequest\x1a\x18.meshrl.v1.SnapshotChunk0\x01\x12:\n\x06Status\x12\x18.meshrl.v1.StatusRequest\x1a\x16.meshrl.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'weights_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CONTROLKIND']._serialized_start=1567
-  _globals['_CONTROLKIND']._serialized_end=1754
-  _globals['_ACKSTATUS']._serialized_start=1756
-  _globals['_ACKSTATUS']._serialized_end=1866
+  _globals['_CONTROLKIND']._serialized_start=1634
+  _globals['_CONTROLKIND']._serialized_end=1821
+  _globals['_ACKSTATUS']._serialized_start=1823
+  _globals['_ACKSTATUS']._serialized_end=1933
   _globals['_SUBSCRIBEREQUEST']._serialized_start=28
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=114
-  _globals['_CONTROLMESSAGE']._serialized_start=117
-  _globals['_CONTROLMESSAGE']._serialized_end=452
-  _globals['_WELCOME']._serialized_start=454
-  _globals['_WELCOME']._serialized_end=513
-  _globals['_JOIN']._serialized_start=516
-  _globals['_JOIN']._serialized_end=676
-  _globals['_BEGIN']._serialized_start=678
-  _globals['_BEGIN']._serialized_end=707
-  _globals['_TENSORSPEC']._serialized_start=709
-  _globals['_TENSORSPEC']._serialized_end=797
-  _globals['_BUCKETPLAN']._serialized_start=799
-  _globals['_BUCKETPLAN']._serialized_end=882
-  _globals['_END']._serialized_start=884
-  _globals['_END']._serialized_end=953
-  _globals['_ABORT']._serialized_start=955
-  _globals['_ABORT']._serialized_end=978
-  _globals['_ACKREQUEST']._serialized_start=981
-  _globals['_ACKREQUEST']._serialized_end=1124
-  _globals['_ACKREPLY']._serialized_start=1126
-  _globals['_ACKREPLY']._serialized_end=1151
-  _globals['_SNAPSHOTREQUEST']._serialized_start=1153
-  _globals['_SNAPSHOTREQUEST']._serialized_end=1211
-  _globals['_SNAPSHOTCHUNK']._serialized_start=1213
-  _globals['_SNAPSHOTCHUNK']._serialized_end=1303
-  _globals['_STATUSREQUEST']._serialized_start=1305
-  _globals['_STATUSREQUEST']._serialized_end=1320
-  _globals['_REPLICASTATUS']._serialized_start=1322
-  _globals['_REPLICASTATUS']._serialized_end=1422
-  _globals['_STATUSREPLY']._serialized_start=1425
-  _globals['_STATUSREPLY']._serialized_end=1564
-  _globals['_WEIGHTSERVICE']._serialized_start=1869
-  _globals['_WEIGHTSERVICE']._serialized_end=2139
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=135
+  _globals['_CONTROLMESSAGE']._serialized_start=138
+  _globals['_CONTROLMESSAGE']._serialized_end=473
+  _globals['_WELCOME']._serialized_start=475
+  _globals['_WELCOME']._serialized_end=534
+  _globals['_JOIN']._serialized_start=537
+  _globals['_JOIN']._serialized_end=697
+  _globals['_BEGIN']._serialized_start=699
+  _globals['_BEGIN']._serialized_end=728
+  _globals['_TENSORSPEC']._serialized_start=731
+  _globals['_TENSORSPEC']._serialized_end=864
+  _globals['_BUCKETPLAN']._serialized_start=866
+  _globals['_BUCKETPLAN']._serialized_end=949
+  _globals['_END']._serialized_start=951
+  _globals['_END']._serialized_end=1020
+  _globals['_ABORT']._serialized_start=1022
+  _globals['_ABORT']._serialized_end=1045
+  _globals['_ACKREQUEST']._serialized_start=1048
+  _globals['_ACKREQUEST']._serialized_end=1191
+  _globals['_ACKREPLY']._serialized_start=1193
+  _globals['_ACKREPLY']._serialized_end=1218
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1220
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1278
+  _globals['_SNAPSHOTCHUNK']._serialized_start=1280
+  _globals['_SNAPSHOTCHUNK']._serialized_end=1370
+  _globals['_STATUSREQUEST']._serialized_start=1372
+  _globals['_STATUSREQUEST']._serialized_end=1387
+  _globals['_REPLICASTATUS']._serialized_start=1389
+  _globals['_REPLICASTATUS']._serialized_end=1489
+  _globals['_STATUSREPLY']._serialized_start=1492
+  _globals['_STATUSREPLY']._serialized_end=1631
+  _globals['_WEIGHTSERVICE']._serialized_start=1936
+  _globals['_WEIGHTSERVICE']._serialized_end=2206
 # @@protoc_insertion_point(module_scope)

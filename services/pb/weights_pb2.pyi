@@ -36,14 +36,16 @@ ACK_STATUS_FAILED: AckStatus
 ACK_STATUS_LOADED: AckStatus
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("replica_id", "served_version", "served_session")
+    __slots__ = ("replica_id", "served_version", "served_session", "serve_dtype")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     SERVED_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVED_SESSION_FIELD_NUMBER: _ClassVar[int]
+    SERVE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     served_version: int
     served_session: int
-    def __init__(self, replica_id: _Optional[str] = ..., served_version: _Optional[int] = ..., served_session: _Optional[int] = ...) -> None: ...
+    serve_dtype: str
+    def __init__(self, replica_id: _Optional[str] = ..., served_version: _Optional[int] = ..., served_session: _Optional[int] = ..., serve_dtype: _Optional[str] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
     __slots__ = ("kind", "session", "epoch", "policy_version", "welcome", "join", "begin", "bucket", "end", "abort")
@@ -104,18 +106,22 @@ class Begin(_message.Message):
     def __init__(self, bucket_bytes: _Optional[int] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "offset", "nbytes")
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes", "piece_offset", "tensor_nbytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    PIECE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_NBYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     offset: int
     nbytes: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    piece_offset: int
+    tensor_nbytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ..., piece_offset: _Optional[int] = ..., tensor_nbytes: _Optional[int] = ...) -> None: ...
 
 class BucketPlan(_message.Message):
     __slots__ = ("index", "nbytes", "tensors")
