@@ -427,6 +427,10 @@ class RolloutEngine:
         """Resident memory of worker 0's process (``VmRSS``, ``VmHWM`` in bytes)."""
         return (await self._rpc("meshrl_rss_bytes"))[0]
 
+    async def param_digest(self, name: str) -> dict:
+        """dtype, shape and sha256 of one parameter inside vLLM (tests: bitwise checks)."""
+        return (await self.llm.collective_rpc("meshrl_param_digest", args=(name,)))[0]
+
     async def param_checksum(self, name: str) -> float:
         """Sum of one parameter inside vLLM (diagnostics/tests)."""
         res = await self.llm.collective_rpc("meshrl_param_checksum", args=(name,))

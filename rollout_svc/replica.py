@@ -368,7 +368,7 @@ class Replica:
             "replica": self.name,
             "model": self.engine.model,
             "served_version": self.engine.version,
-            "ready": self.engine.healthy,
+            "ready": self.engine.healthy and not self.engine.weights_dirty,
             "paused": self.paused,
             "requests_in_flight": self.engine.in_flight,
             "groups_in_flight": self.groups_in_flight,

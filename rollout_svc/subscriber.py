@@ -71,15 +71,17 @@ async def _loaded(replica: Replica, res: dict, session: int) -> None:
 
 
 async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: float, target: int = -1,
-                                 poll_s: float = 0.2) -> bool:
+                                 poll_s: float = 0.2, refused: set | None = None) -> bool:
     """Load the publisher's snapshot if it supersedes the served version; True if loaded.
 
     ``target``: a version known to exist (e.g. one whose transfer just failed); its snapshot
     may still be being written, so we poll for it until ``timeout_s``. A publisher of another
     session than the served weights' (a restarted trainer) is followed whatever its version.
     A replica whose weights are mixed (``weights_dirty``) takes the snapshot of its own
-    version too, since anything complete beats what it has.
+    version too, since anything complete beats what it has. ``refused``: (session, version)
+    pairs found bad before; their snapshot is not fetched again.
     """
+    refused = set() if refused is None else refused
     engine = replica.engine
     deadline = time.monotonic() + timeout_s
     while True:
@@ -90,7 +92,7 @@ async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: floa
         else:
             min_version = engine.version + 1
         snap_v = await engine.channel_snapshot_version()
-        if snap_v >= 0 and snap_v >= min_version:
+        if snap_v >= 0 and snap_v >= min_version and (session, snap_v) not in refused:
             res = await engine.load_channel_snapshot(min_version, max(1.0, deadline - time.monotonic()))
             if res is not None and res.get("ok"):
                 await _loaded(replica, res, res.get("session") or session)
@@ -98,9 +100,13 @@ async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: floa
                 return True
             if res is not None:
                 log.warning("replica %s: loading the snapshot failed: %s", replica.name, res.get("error"))
-        if (engine.version >= target and not engine.weights_dirty) or time.monotonic() >= deadline:
-            return False
+                if res.get("refused"):
+                    refused.add((session, snap_v))
+        if engine.version >= target or time.monotonic() >= deadline:
+            return False  # (a dirty engine without a target tries once: the next version may come)
         await asyncio.sleep(poll_s)
+        if (await engine.weight_channel_state()).get("pending_version") is not None:
+            return False  # a new version is arriving: load that instead
 
 
 async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Event, poll_s: float = 1.0) -> None:
@@ -109,6 +115,7 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
     timeout = cfg.transfer_timeout_s
     needs_catch_up, target = True, -1
     session = None
+    refused: set[tuple[int, int]] = set()  # versions found bad: never fetched again
     while not stop.is_set():
         st = await engine.weight_channel_state()
         if st.get("fatal"):
@@ -122,7 +129,7 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
         if st["session"] != session:  # first WELCOME, or a restarted publisher
             session, needs_catch_up, target = st["session"], True, -1
         if needs_catch_up or engine.weights_dirty:
-            await catch_up_from_snapshot(replica, session, timeout, target)
+            await catch_up_from_snapshot(replica, session, timeout, target, refused=refused)
             needs_catch_up, target = False, -1
             if engine.weights_dirty and st.get("pending_version") is None:
                 await notes.wait(poll_s)  # nothing complete to load yet: wait for the next version
@@ -139,6 +146,7 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
         if res.get("ok"):
             await _loaded(replica, res, vsession)
         elif res.get("refused"):
+            refused.add((vsession, version))
             log.error("replica %s: refused v%d: %s", replica.name, version, res.get("error"))
         else:
             log.warning("replica %s: transfer of v%d failed (%s); catching up via snapshot",

@@ -196,34 +196,20 @@ class WorkerWeightStream:
 
     def load(self, version: int) -> dict[str, Any]:
         """Stream the pending ``version`` into the model (the scheduler is paused)."""
-        from services.weights import TransferError
-
         u = self._take(version)
         if u is None:
             return {"ok": False, "touched": False, "refused": False, "error": f"v{version} is not pending here"}
         check = VersionCheck(self.manifest)
         result = load_into_worker(self.worker, u.tensors(), check)
         if not result["ok"] and result["refused"]:
-            try:  # let the rest of the transfer arrive so the channel stays healthy
-                for _ in u.buckets():
-                    pass
-            except TransferError:
-                pass
-            except Exception:  # noqa: BLE001 -- already iterated: the failure was before it began
-                pass
+            u.drain()  # let the rest arrive, so the transfer does not fail for the other replicas
         return result
 
     def skip(self, version: int) -> dict[str, Any]:
         """Receive the pending ``version`` without loading it (the replica serves newer)."""
-        from services.weights import WeightChannelError
-
         u = self._take(version)
         if u is not None:
-            try:
-                for _ in u.buckets():
-                    pass
-            except WeightChannelError as e:
-                return {"ok": False, "error": str(e)}
+            u.drain()
         return {"ok": True}
 
     def snapshot_version(self) -> int:

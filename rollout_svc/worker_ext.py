@@ -101,6 +101,16 @@ class MeshWorkerExtension:
         stats["refreshed_kernels"] = refresh_embedding_kernels(self.model_runner.get_model())  # type: ignore[attr-defined]
         return stats
 
+    def meshrl_param_digest(self, name: str) -> dict[str, Any]:
+        """dtype, shape and sha256 of one model parameter's bytes (as named inside vLLM)."""
+        import hashlib
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        p = dict(model.named_parameters())[name].detach().cpu().contiguous()
+        raw = p.reshape(-1).view(__import__("torch").uint8).numpy().tobytes()
+        return {"dtype": str(p.dtype).removeprefix("torch."), "shape": list(p.shape),
+                "sha256": hashlib.sha256(raw).hexdigest()}
+
     def meshrl_param_checksum(self, name: str) -> float:
         """Sum of one model parameter (as named inside vLLM), for tests and diagnostics."""
         model = self.model_runner.get_model()  # type: ignore[attr-defined]

@@ -94,6 +94,21 @@ class Update:
         views of their bucket; a split tensor is reassembled in a buffer of its own)."""
         return iter_tensors(self.buckets())
 
+    def drain(self) -> None:
+        """Take the rest of this version without using it, until its end, a failure or the
+        deadline (a replica that refused a version lets it finish arriving, so the transfer
+        does not fail for the other replicas)."""
+        self._consumed = True
+        while True:
+            try:
+                item = self._q.get(timeout=self._timeout_s)
+            except queue.Empty:
+                return
+            if item is _END or isinstance(item, Exception):
+                return
+            if self._release is not None and item.buffer is not None:
+                self._release(item.buffer)
+
     # worker side
     def _put(self, item: object) -> None:
         self._q.put(item, timeout=self._timeout_s)

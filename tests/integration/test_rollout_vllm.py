@@ -593,6 +593,65 @@ def test_restarted_trainer_rolls_replicas_back(rig, tiny_model: str) -> None:
                 second.close()
 
 
+def test_channel_streams_split_bf16_buckets_into_the_worker(rig, tiny_model: str) -> None:
+    """Small buckets (every big tensor split over several) cast to bf16 on the wire: the
+    replica serves exactly the trainer's fp32 weights cast to bf16 (and back to its fp32
+    parameters); a version refused half-way (a wrong shape after good buckets) is never
+    served -- the replica stays paused until a complete version arrives."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from rollout_svc.subscriber import run_weight_subscriber
+    from services.config.weights import WeightChannelConfig
+    from services.weights import WeightPublisher
+
+    def digest(t):
+        return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+    el, engine, replica = rig
+    original = load_file(f"{tiny_model}/model.safetensors")
+    pub = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=0, transfer_timeout_s=10.0,
+                                              bucket_mb=0.05, wire_dtype="bfloat16")).start()
+    wcfg = WeightChannelConfig(host="127.0.0.1", control_port=pub.control_port, transfer_timeout_s=10.0)
+    stop = asyncio.Event()
+    sub_future = asyncio.run_coroutine_threadsafe(run_weight_subscriber(replica, wcfg, "inproc-bf16", stop), el.loop)
+    try:
+        assert pub.wait_for_replicas(1, timeout=60)
+        g = torch.Generator().manual_seed(5)
+        trainer = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in original.items()}
+        v = engine.version + 1
+        report = pub.publish(v, iter(trainer.items()), borrow=True)
+        assert report.error is None and report.delivered == ["inproc-bf16"]
+        assert report.tensor_bytes == sum(t.numel() * 2 for t in trainer.values())  # bf16: half the bytes
+        emb = trainer["model.embed_tokens.weight"]
+        assert emb.numel() * 2 > 0.05 * 2**20  # the embedding was split over buckets
+        _wait(lambda: engine.version == v, what="replica to serve the bf16-sent version")
+        for name in ("model.embed_tokens.weight", "model.norm.weight"):
+            got = el.run(engine.param_digest(name))
+            assert got["sha256"] == digest(trainer[name].to(torch.bfloat16).float()), name
+
+        # a version with a bad tensor at the end: earlier buckets already went into the model
+        bad = dict(trainer)
+        bad["model.norm.weight"] = torch.zeros(3)
+        names = list(bad)
+        names.remove("model.norm.weight")
+        names.append("model.norm.weight")
+        assert pub.publish(v + 1, iter((n, bad[n]) for n in names)).error is None
+        _wait(lambda: engine.weights_dirty or engine.version > v, what="the bad version to be refused")
+        assert engine.version == v and engine.weights_dirty and not replica.status()["ready"]
+        # ... the replica serves nothing until a complete version is loaded: the next one
+        assert pub.publish(v + 2, iter(original.items())).error is None
+        _wait(lambda: engine.version == v + 2 and not engine.weights_dirty, what="recovery with a good version")
+        assert _greedy(el, replica, _prompt(tiny_model, "1+1="), "bf16-after")[0]
+    finally:
+        stop.set()
+        try:
+            sub_future.result(timeout=60)
+        finally:
+            pub.close()
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
