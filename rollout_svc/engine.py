@@ -317,7 +317,7 @@ class RolloutEngine:
         if version <= self.version and not rollback:
             raise WeightUpdateError(f"version {version} is not newer than the served version {self.version}")
 
-    async def _swap(self, load, version: int | None) -> dict:
+    async def _swap(self, load, version: int | None, on_loaded=None) -> dict:
         """Pause the scheduler, run ``load()`` (a worker RPC returning the worker's report;
         ``version`` None: the report names it),
         then resume -- unless the load failed after touching the model (``weights_dirty``):
@@ -340,6 +340,8 @@ class RolloutEngine:
             if res.get("ok"):
                 self.version = res["version"] if version is None else version
                 self.weights_dirty = False
+                if on_loaded is not None:  # e.g. the version's session, set together with it
+                    on_loaded(res)
             elif res.get("touched"):
                 if not self.weights_dirty:
                     log.error("a failed load of v%d left mixed weights (%s): not serving until a complete "
@@ -376,7 +378,7 @@ class RolloutEngine:
         states = await self._rpc("meshrl_weights_state")
         return next((s for s in states if s.get("fatal")), states[0])
 
-    async def load_from_channel(self, version: int, *, rollback: bool = False) -> dict:
+    async def load_from_channel(self, version: int, *, rollback: bool = False, on_loaded=None) -> dict:
         """Stream the pending channel ``version`` into the model (paused meanwhile).
         Returns the worker's report (``ok``, ``error``, ``refused``, ``touched``, bytes...)."""
         self._check_version(version, rollback)
@@ -385,7 +387,7 @@ class RolloutEngine:
             return _combine(await self._rpc("meshrl_weights_load", version))
 
         t0 = time.perf_counter()
-        res = await self._swap(load, version)
+        res = await self._swap(load, version, on_loaded)
         if res.get("ok"):
             self.last_weight_load_s = time.perf_counter() - t0
         return res
@@ -393,7 +395,7 @@ class RolloutEngine:
     async def skip_channel_update(self, version: int) -> dict:
         return _combine(await self._rpc("meshrl_weights_skip", version))
 
-    async def load_channel_snapshot(self, min_version: int, timeout_s: float) -> dict | None:
+    async def load_channel_snapshot(self, min_version: int, timeout_s: float, on_loaded=None) -> dict | None:
         """Load the publisher's snapshot if it is at least ``min_version`` (the caller picks
         it so that any such snapshot supersedes the served weights); None when there is none.
         The report has the snapshot's ``version`` and ``session``."""
@@ -405,7 +407,7 @@ class RolloutEngine:
             return _combine(res)
 
         t0 = time.perf_counter()
-        res = await self._swap(load, None)
+        res = await self._swap(load, None, on_loaded)
         if res.get("none"):
             return None
         if res.get("ok"):

@@ -61,8 +61,14 @@ class _Notes:
         self.sock.close()
 
 
-async def _loaded(replica: Replica, res: dict, session: int) -> None:
-    replica.weights_session = session
+def _set_session(replica: Replica, session: int):
+    """Callback for the engine: the served version's session changes with the version."""
+    def on_loaded(res: dict) -> None:
+        replica.weights_session = res.get("session") or session
+    return on_loaded
+
+
+async def _loaded(replica: Replica, res: dict) -> None:
     replica.weight_updates += 1
     replica.metrics.weight_load.observe(replica.engine.last_weight_load_s)
     await replica.engine.report_loaded(replica.engine.version)
@@ -93,9 +99,10 @@ async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: floa
             min_version = engine.version + 1
         snap_v = await engine.channel_snapshot_version()
         if snap_v >= 0 and snap_v >= min_version and (session, snap_v) not in refused:
-            res = await engine.load_channel_snapshot(min_version, max(1.0, deadline - time.monotonic()))
+            res = await engine.load_channel_snapshot(min_version, max(1.0, deadline - time.monotonic()),
+                                                     _set_session(replica, session))
             if res is not None and res.get("ok"):
-                await _loaded(replica, res, res.get("session") or session)
+                await _loaded(replica, res)
                 log.info("replica %s caught up to v%d from the snapshot", replica.name, engine.version)
                 return True
             if res is not None:
@@ -142,9 +149,9 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
             await engine.skip_channel_update(version)  # receive it, keep serving
             continue
         rollback = replica.other_line(vsession) or engine.weights_dirty
-        res = await engine.load_from_channel(version, rollback=rollback)
+        res = await engine.load_from_channel(version, rollback=rollback, on_loaded=_set_session(replica, vsession))
         if res.get("ok"):
-            await _loaded(replica, res, vsession)
+            await _loaded(replica, res)
         elif res.get("refused"):
             refused.add((vsession, version))
             log.error("replica %s: refused v%d: %s", replica.name, version, res.get("error"))

@@ -1,0 +1,405 @@
+"""Benchmark: the weight path end to end, from ``publish()`` to every replica serving the version.
+
+For each model size (random-weight Qwen2-style models built here, nothing downloaded:
+``10m`` ~ 10M parameters, ``100m`` ~ 100M, ``500m`` = Qwen2.5-0.5B's shapes, ~494M) and
+each replica count (1, then 2 ``python -m rollout_svc`` processes with real vLLM engines),
+each round measures, in the same run:
+
+* e2e: the time from ``WeightPublisher.publish(v, tensors, borrow=True)`` (the trainer's
+  path: fresh float32 tensors, as FSDP2's ``full_tensor()`` gives) until every replica has
+  answered a ``Generate`` request with ``policy_version == v`` -- bucket packing, the gloo
+  broadcast straight into each replica's vLLM worker, the checked in-place load, the
+  scheduler's pause/resume and one served request;
+* tcp: the same bytes sent with ``socket.sendall`` straight from the tensors to as many
+  receiver processes over loopback TCP (one sender thread per receiver, concurrently),
+  each receiving into a reused buffer and acknowledging.
+
+The first round (cold memory) is dropped and the median of the others counts. One line per
+size, then ``weights_e2e ratio_vs_tcp=<R> seconds_per_gb=<S> peak_extra_mb=<M>``: R = tcp
+seconds / e2e seconds at the largest size with the most replicas; S = e2e seconds per GiB
+there; M = the largest growth of a replica's vLLM engine process resident memory during an
+update at that size (``VmHWM`` after the update minus ``VmRSS`` before it, the high-water
+mark reset first), i.e. what receiving and loading a version costs on top of the model.
+
+Memory: a 500m run holds the trainer's fp32 copy (2 GB) in this process and one model copy
+per replica (plus its 1 GiB KV cache); ``--sizes 10m,100m`` keeps it small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (hidden, intermediate, layers, heads, kv_heads, vocab); head_dim 64, tied embeddings
+SIZES = {
+    "10m": (256, 768, 6, 4, 2, 20480),
+    "100m": (768, 2560, 10, 12, 2, 32768),
+    "500m": (896, 4864, 24, 14, 2, 151936),  # Qwen2.5-0.5B
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10m,100m,500m", help=f"comma-separated, of {sorted(SIZES)}")
+    p.add_argument("--replicas", default="1,2", help="replica counts to measure, ascending (default 1,2)")
+    p.add_argument("--rounds", type=int, default=4, help="rounds per setting; the first is dropped (default 4)")
+    p.add_argument("--bucket-mb", type=float, default=64.0, help="weight channel bucket size in MiB")
+    p.add_argument("--dtype", default="float32", help="the replicas' serving dtype (default float32)")
+    p.add_argument("--timeout", type=float, default=600.0, help="deadline of every step in seconds")
+    p.add_argument("--workdir", default="/tmp/meshrl-bench-weights-e2e", help="where models are built")
+    p.add_argument("--role", choices=["main", "tcp"], default="main", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------ models
+
+
+def build_model(name: str, workdir: Path) -> Path:
+    """A random-weight Qwen2 model directory (tokenizer from services.modelling.tiny)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from services.modelling.tiny import TinyModelSpec, build_tiny_model
+
+    out = workdir / name
+    if (out / "bench_done").exists():
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    hidden, inter, layers, heads, kv, vocab = SIZES[name]
+    build_tiny_model(out, TinyModelSpec())  # tokenizer, chat template, generation config
+    cfg = Qwen2Config.from_pretrained(out)
+    cfg.update(dict(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+                    num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=True, torch_dtype="float32"))
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = Qwen2ForCausalLM(cfg)
+    for f in out.glob("*.safetensors"):
+        f.unlink()
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="100GB")
+    del model
+    (out / "bench_done").write_text("ok")
+    return out
+
+
+def trainer_tensors(model_dir: Path):
+    """The trainer's fp32 parameters (HF names), fresh tensors as FSDP2's full_tensor() gives."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    tensors.pop("lm_head.weight", None)  # tied
+    return list(tensors.items())
+
+
+# ------------------------------------------------------------------ replicas
+
+
+class Replica:
+    """``python -m rollout_svc`` in its own process group; READY line parsed."""
+
+    def __init__(self, cfg_path: Path, name: str, timeout: float):
+        import json
+        import queue
+
+        env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1",
+                   PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen([sys.executable, "-m", "rollout_svc", "--config", str(cfg_path), "--name", name],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        q: queue.Queue = queue.Queue()
+
+        def pump():
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if line.startswith("READY "):
+                    q.put(json.loads(line[6:]))
+            q.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        info = q.get(timeout=timeout)
+        if info is None:
+            self.kill()
+            raise RuntimeError(f"replica {name} did not start:\n" + "".join(self.lines[-30:]))
+        self.port = info["grpc_port"]
+        from services import auth
+        from services.pb import rollout_pb2_grpc
+
+        self.channel = auth.channel(f"127.0.0.1:{self.port}", auth.current())
+        self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
+        self.engine_pid = self._engine_core()
+
+    def _engine_core(self) -> int | None:
+        for _ in range(50):
+            for pid in _descendants(self.proc.pid):
+                try:
+                    comm = Path(f"/proc/{pid}/comm").read_text()
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if "EngineCore" in comm or "EngineCore" in cmd:
+                    return pid
+            time.sleep(0.1)
+        return None
+
+    def served_version(self, item_frame: bytes, timeout: float) -> int:
+        """Send one request; the policy version it was generated with."""
+        from services import wire
+        from services.pb import rollout_pb2
+
+        resp = self.stub.Generate(rollout_pb2.RolloutGenerateRequest(frame=item_frame), timeout=timeout)
+        out = wire.decode(bytearray(resp.frame))
+        return int(out.batch["policy_version"][0])
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=60)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else []:
+            try:
+                kids = [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _mem(pid: int) -> dict[str, int]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            k, v = line.split(":", 1)
+            out[k] = int(v.split()[0]) << 10
+    return out
+
+
+def _reset_peak(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+
+def request_frame(prompt: list[int]) -> bytes:
+    import numpy as np
+
+    from services import wire
+    from services.protocol import DataProto
+
+    ids = np.empty(1, dtype=object)
+    ids[0] = prompt
+    item = DataProto.from_dict(non_tensors={"raw_prompt_ids": ids, "uid": np.array(["bench"], dtype=object)},
+                               meta_info={"validate": True, "n": 1})
+    return bytes(wire.encode(item))
+
+
+# ------------------------------------------------------------------ raw TCP baseline
+
+
+def tcp_receiver(port: int) -> int:
+    """Receive payloads (8-byte length, then bytes) into one reused buffer; ack each."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(64 << 20)
+    view = memoryview(buf)
+    while True:
+        head = sock.recv(8, socket.MSG_WAITALL)
+        if len(head) < 8:
+            return 0
+        (left,) = struct.unpack("<Q", head)
+        while left:
+            n = sock.recv_into(view[: min(left, len(buf))])
+            if n == 0:
+                return 1
+            left -= n
+        sock.sendall(b"A")
+
+
+class TcpBaseline:
+    def __init__(self, receivers: int, timeout: float):
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.srv.settimeout(timeout)
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--role", "tcp", "--port",
+                                        str(self.srv.getsockname()[1])], env=env, cwd=ROOT) for _ in range(receivers)]
+        self.conns = []
+        for _ in self.procs:
+            c, _ = self.srv.accept()
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c.settimeout(timeout)
+            self.conns.append(c)
+
+    def send(self, views: list[memoryview]) -> float:
+        total = sum(len(v) for v in views)
+
+        def one(c: socket.socket) -> None:
+            c.sendall(struct.pack("<Q", total))
+            for v in views:
+                c.sendall(v)
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(c,)) for c in self.conns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for c in self.conns:
+            if c.recv(1) != b"A":
+                raise RuntimeError("a TCP receiver did not acknowledge")
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        self.srv.close()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+# ------------------------------------------------------------------ one size
+
+
+def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: int) -> dict:
+    import torch
+    import yaml
+
+    from services.config.weights import WeightChannelConfig
+    from services.weights import WeightPublisher
+    from services.weights.plan import DTYPES, wire_dtype_for
+
+    model_dir = build_model(name, Path(args.workdir))
+    tensors = trainer_tensors(model_dir)
+    params = sum(t.numel() for _, t in tensors)
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, bucket_mb=args.bucket_mb,
+                                              transfer_timeout_s=args.timeout)).start()
+    port = int(pub.control_address.rsplit(":", 1)[1])
+    spec = {
+        "model": {"path": str(model_dir), "dtype": args.dtype},
+        "rollout": {"prompt_length": 16, "response_length": 1, "max_num_seqs": 4, "max_model_len": 32,
+                    "ignore_eos": True},
+        "weights": WeightChannelConfig(control_port=port, bucket_mb=args.bucket_mb,
+                                       transfer_timeout_s=args.timeout).model_dump(),
+    }
+    cfg_path = Path(args.workdir) / f"{name}-replica.yaml"
+    cfg_path.write_text(yaml.safe_dump(spec))
+    frame = request_frame([5, 6, 7, 8])
+    replicas: list[Replica] = []
+    result = {"name": name, "params": params, "runs": {}}
+    version = version0
+    try:
+        for count in counts:
+            while len(replicas) < count:
+                replicas.append(Replica(cfg_path, f"bench-{name}-{len(replicas)}", args.timeout))
+            if not pub.wait_for_replicas(count, timeout=args.timeout):
+                raise RuntimeError(f"{count} replicas did not subscribe")
+            # what the channel moves: every replica announced args.dtype (weights.wire_dtype auto)
+            wire = DTYPES[args.dtype]
+            payload = [t.to(wire_dtype_for(t, wire)).contiguous() for _, t in tensors]
+            views = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in payload]
+            nbytes = sum(len(v) for v in views)
+            tcp = TcpBaseline(count, args.timeout)
+            e2e_s, tcp_s, peaks = [], [], []
+            try:
+                for rnd in range(args.rounds):
+                    tcp_s.append(tcp.send(views))
+                    version += 1
+                    before = {}
+                    for r in replicas:
+                        if r.engine_pid:
+                            _reset_peak(r.engine_pid)
+                            before[r.engine_pid] = _mem(r.engine_pid)["VmRSS"]
+                    report = {}
+                    t0 = time.perf_counter()
+                    th = threading.Thread(target=lambda v=version: report.update(
+                        r=pub.publish(v, iter(tensors), borrow=True)), daemon=True)
+                    th.start()
+                    pending = list(replicas)
+                    deadline = time.monotonic() + args.timeout
+                    while pending:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"replicas did not serve v{version} within {args.timeout:g}s")
+                        pending = [r for r in pending if r.served_version(frame, args.timeout) < version]
+                    e2e_s.append(time.perf_counter() - t0)
+                    th.join(args.timeout)
+                    if report["r"].error:
+                        raise RuntimeError(f"publish v{version} failed: {report['r'].error}")
+                    peaks.append(max((_mem(pid)["VmHWM"] - rss for pid, rss in before.items()), default=0))
+                    print(f"  {name} replicas={count} round {rnd}: e2e {e2e_s[-1]:.3f}s tcp {tcp_s[-1]:.3f}s "
+                          f"({report['r'].num_buckets} buckets, peak extra {peaks[-1] / 2**20:.0f} MiB)", flush=True)
+                    pub.wait_for_snapshot(version, timeout=args.timeout)
+            finally:
+                tcp.close()
+            warm = slice(1, None) if args.rounds > 1 else slice(None)
+            med_e2e, med_tcp = statistics.median(e2e_s[warm]), statistics.median(tcp_s[warm])
+            result["runs"][count] = {"e2e_s": med_e2e, "tcp_s": med_tcp, "bytes": nbytes,
+                                     "peak_extra": max(peaks), "ratio": med_tcp / med_e2e}
+    finally:
+        for r in replicas:
+            r.kill()
+        pub.close()
+        del tensors
+    result["version"] = version
+    return result
+
+
+def main() -> int:
+    args = parse_args()
+    if args.role == "tcp":
+        return tcp_receiver(args.port)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    bad = [s for s in sizes if s not in SIZES]
+    if bad:
+        print(f"--sizes: unknown {bad} (choose from {sorted(SIZES)})", file=sys.stderr)
+        return 2
+    counts = sorted(int(c) for c in args.replicas.split(","))
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    from services import auth
+
+    auth.provision_temporary()  # this run is a job of its own: publisher and replicas share it
+    print(f"weights_e2e: sizes {sizes}, replicas {counts}, {args.rounds} rounds (first dropped), "
+          f"bucket {args.bucket_mb:g} MiB, serving {args.dtype}", flush=True)
+    results, version = [], 0
+    for name in sizes:
+        res = run_size(name, args, counts, version)
+        version = res["version"]
+        results.append(res)
+        parts = []
+        for count, r in res["runs"].items():
+            gib = r["bytes"] / 2**30
+            parts.append(f"replicas={count} e2e_s={r['e2e_s']:.3f} tcp_s={r['tcp_s']:.3f} ratio={r['ratio']:.3f} "
+                         f"s_per_gib={r['e2e_s'] / gib:.3f} peak_extra_mb={r['peak_extra'] / 2**20:.0f}")
+        print(f"size={name} params={res['params'] / 1e6:.1f}M gib={r['bytes'] / 2**30:.3f} " + " | ".join(parts),
+              flush=True)
+    last = results[-1]["runs"][counts[-1]]
+    print(f"weights_e2e ratio_vs_tcp={last['ratio']:.3f} seconds_per_gb={last['e2e_s'] / (last['bytes'] / 2**30):.3f} "
+          f"peak_extra_mb={last['peak_extra'] / 2**20:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
