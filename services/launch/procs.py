@@ -40,8 +40,11 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback only)
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (urllib.error.URLError, OSError):
+        try:
+            return exc.code, exc.read()
+        except OSError:  # the body timed out (a loaded machine): the status is still the answer
+            return exc.code, b""
+    except (urllib.error.URLError, OSError, ValueError):
         return 0, b""
 
 
