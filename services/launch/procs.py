@@ -9,6 +9,7 @@ processes started here are ever signalled.
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -42,9 +43,9 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
     except urllib.error.HTTPError as exc:
         try:
             return exc.code, exc.read()
-        except OSError:  # the body timed out (a loaded machine): the status is still the answer
+        except (OSError, http.client.HTTPException):  # the body timed out (a loaded machine): the status is the answer
             return exc.code, b""
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return 0, b""
 
 
