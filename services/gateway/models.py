@@ -54,7 +54,7 @@ class Job(BaseModel):
     state: JobStateName = Field(description="lifecycle state")
     detail: str = Field(description="human-readable: progress, or why it failed")
     exit_code: int | None = Field(description="the job driver's exit code once it has exited (if known)")
-    launcher: str = Field(description="launcher that runs it (`local`, `ray`)")
+    launcher: str = Field(description="launcher that runs it (`local`, `ray`, `deployment`)")
     overrides: list[str] = Field(description="the overrides it was submitted with")
     created_at: float = Field(description="unix seconds")
     updated_at: float = Field(description="unix seconds")
