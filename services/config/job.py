@@ -45,9 +45,14 @@ class ModelConfig(StrictModel):
 class DataConfig(StrictModel):
     """Prompts (verl: ``data.*``)."""
 
-    train_files: list[str] = Field(min_length=1, description="verl-style parquet file(s) of training prompts")
-    val_files: list[str] = Field(default_factory=list, description="parquet file(s) for validation")
+    train_files: list[str] = Field(
+        min_length=1, description="training prompts: verl-style parquet, JSON lines, JSON or datasets save_to_disk dirs"
+    )
+    val_files: list[str] = Field(default_factory=list, description="validation prompts (same formats); see trainer.test_freq")
     prompt_key: str = Field("prompt", description="column holding the chat messages")
+    chat_template: str | None = Field(
+        None, description="Jinja chat template (text, or a .jinja file) applied to prompts; None = the tokenizer's own",
+    )
     max_prompt_length: int = Field(512, ge=1, le=1_048_576, description="longest prompt, in tokens")
     max_response_length: int = Field(512, ge=1, le=1_048_576, description="longest response, in tokens")
     train_batch_size: int = Field(ge=1, description="prompts per training step (each sampled rollout.n times)")

@@ -181,6 +181,19 @@ class TrainerConfig(StrictModel):
     resume: Literal["auto", "disable"] = Field("auto", description="auto: continue from the latest checkpoint if any")
     max_ckpt_to_keep: int = Field(2, ge=1, le=1000, description="older checkpoints are deleted")
     seed: int = Field(1, ge=0, description="seed of model init noise, shuffles and dropout")
+    logger: list[str] = Field(
+        default_factory=lambda: ["console"],
+        description="where step and validation metrics go: console, jsonl (run_dir/metrics.jsonl), tensorboard, "
+        "wandb (offline unless WANDB_MODE says otherwise), mlflow (local store run_dir/mlruns unless "
+        "MLFLOW_TRACKING_URI); the extra backends need `pip install meshrl[loggers]`",
+    )
+    project_name: str = Field("meshrl", min_length=1, max_length=128, description="wandb project / MLflow experiment")
+    experiment_name: str | None = Field(None, max_length=128, description="run name in the loggers; None = the job name")
+    test_freq: int = Field(
+        -1, ge=-1, le=100_000_000,
+        description="validate every N steps (and after the last) on data.val_files with rollout.val_kwargs; -1 = never",
+    )
+    val_before_train: bool = Field(True, description="validate the starting policy before the first step (needs val_files)")
     nproc: int = Field(1, ge=1, le=4096, description="data-parallel ranks the service starts")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu uses gloo, cuda uses nccl (same code path)")
     collective_timeout_s: float = Field(300.0, gt=0, le=86_400, description="deadline of every collective")
