@@ -93,7 +93,9 @@ def shard_model(model: torch.nn.Module, mesh: DeviceMesh, *, reshard_after_forwa
 def load_causal_lm(path: str, dtype: str = "float32", *, device: torch.device | str = "cpu") -> torch.nn.Module:
     """Load a HuggingFace causal LM (the policy / reference) from a local directory."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per rank is noise in the service log
     torch_dtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
     model.config.use_cache = False
