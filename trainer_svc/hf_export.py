@@ -146,11 +146,16 @@ def export_hf(src: str | Path, out: str | Path, *, model_dir: str | Path | None 
     config = transformers.AutoConfig.from_pretrained(found.model_dir, trust_remote_code=found.trust_remote_code)
     floating = [v.dtype for v in weights.values() if v.is_floating_point()]
     wdtype = floating[0] if floating else torch.float32
-    transformers.utils.logging.set_verbosity_error()  # init-time chatter about weights we overwrite next
-    transformers.utils.logging.disable_progress_bar()
-    with torch.device("cpu"):
-        model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=found.trust_remote_code,
-                                                              dtype=wdtype)
+    hf_log = transformers.utils.logging
+    verbosity = hf_log.get_verbosity()
+    hf_log.set_verbosity_error()  # init-time chatter about weights we overwrite next
+    hf_log.disable_progress_bar()
+    try:
+        with torch.device("cpu"):
+            model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=found.trust_remote_code,
+                                                                  dtype=wdtype)
+    finally:
+        hf_log.set_verbosity(verbosity)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(config, "tie_word_embeddings", False)}
     missing = [k for k in missing if k not in tied and "rotary_emb" not in k]

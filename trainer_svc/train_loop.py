@@ -155,6 +155,7 @@ class TrainerService:
             if control["cmd"] == "stop":
                 if control.get("checkpoint", True) and self.step_no > self._saved_step:
                     self._save()
+                self._join_export()
                 return int(control.get("code", 0))
             t0 = time.perf_counter()
             result = self.worker.step(batch)
@@ -259,14 +260,41 @@ class TrainerService:
 
     def _save(self) -> None:
         extra = self.source.state() if self.ctx.rank == 0 and self.source is not None else {}
-        self.ckpt.save(self.step_no, self.worker, extra)
+        path = self.ckpt.save(self.step_no, self.worker, extra)
         self._saved_step = self.step_no
+        if self.ctx.rank == 0 and "hf_model" in self.spec.actor.checkpoint.save_contents:
+            self._export(path)
         acks_due = getattr(self.source, "acks_due", None) if self.ctx.rank == 0 else None
         if acks_due is not None:
             try:
                 self._loop.run_until_complete(acks_due())
             except Exception as exc:  # noqa: BLE001 - left leased: covered by the checkpoint, acked on restart
                 logger.error("acking the items of checkpoint %d failed (acked after a restart): %s", self.step_no, exc)
+
+    def _export(self, path) -> None:
+        """Write ``<checkpoint>/huggingface`` from the checkpoint just saved, on a thread of
+        rank 0 (training goes on; the next export and the exit wait for it)."""
+        import threading
+
+        from trainer_svc.hf_export import export_hf
+
+        self._join_export()
+        model = getattr(self.spec, "model_path", None) or self.spec.model.path
+
+        def work() -> None:
+            try:
+                export_hf(path, path / "huggingface", model_dir=model, overwrite=True)
+                logger.info("checkpoint %s: Hugging Face copy in %s", path.name, path / "huggingface")
+            except Exception as exc:  # noqa: BLE001 - the checkpoint itself is complete; only the copy is missing
+                logger.error("checkpoint %s: writing the Hugging Face copy failed: %s", path.name, exc)
+
+        self._export_thread = threading.Thread(target=work, name="hf-export", daemon=True)
+        self._export_thread.start()
+
+    def _join_export(self, timeout: float = 600.0) -> None:
+        t = getattr(self, "_export_thread", None)
+        if t is not None:
+            t.join(timeout)
 
     def _sync_counters(self) -> None:
         """Bring the Prometheus sample counters up to the intake's running totals."""

@@ -65,6 +65,25 @@ class PolicyLossConfig(StrictModel):
     loss_mode: str = Field("vanilla", min_length=1, description="name in core_algos' policy-loss registry")
 
 
+class ActorCheckpointConfig(StrictModel):
+    """What each checkpoint holds (verl ``actor.checkpoint``)."""
+
+    save_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = Field(
+        default_factory=lambda: ["model", "optimizer", "extra"],
+        description="model, optimizer and extra (lr schedule, RNG, data position) are always saved: a checkpoint "
+        "resumes exactly; add hf_model to also write global_step_N/huggingface (config, tokenizer, safetensors, as "
+        "`meshrl export` does)",
+    )
+
+    @model_validator(mode="after")
+    def _complete(self) -> "ActorCheckpointConfig":
+        missing = [c for c in ("model", "optimizer", "extra") if c not in self.save_contents]
+        if missing:
+            raise ValueError(f"save_contents lacks {missing}: meshrl checkpoints always hold model, optimizer and "
+                             "extra (exact resume); list them, plus hf_model for a Hugging Face copy")
+        return self
+
+
 class ActorConfig(StrictModel):
     """The policy being trained (verl ``actor_rollout_ref.actor``)."""
 
@@ -104,6 +123,9 @@ class ActorConfig(StrictModel):
     temperature: float = Field(1.0, gt=0, le=100.0, description="sampling temperature logits are divided by")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig, description="FSDP2 wrapping options")
+    checkpoint: ActorCheckpointConfig = Field(
+        default_factory=ActorCheckpointConfig, description="what each checkpoint holds (hf_model: a Hugging Face copy)"
+    )
 
     @property
     def clip_low(self) -> float:

@@ -97,6 +97,7 @@ class JobController:
         self.sup = Supervisor(spec.services.restart, [])
         self.ledger = Ledger(self.run_dir, spec.rollout.n)
         self.feeder = None
+        self.tracking = None  # loggers + validation rounds (services.launch.run_tracking)
         self.queues: dict[str, int] = {}
         self.metrics_url: str | None = None
         self._broker: BrokerThread | None = None
@@ -283,6 +284,11 @@ class JobController:
         if self.feeder.state.fed:
             self._log(f"resuming: {self.feeder.state.fed} prompts fed before (epoch {self.feeder.state.epoch}, "
                       f"position {self.feeder.state.cursor})")
+        from services.launch.run_tracking import RunTracking
+
+        self.tracking = RunTracking(spec, self.run_dir, self.history, log=self._log)
+        await self.tracking.start(prompts, lambda stream, group: make_queue(
+            self._queue_cfg(), stream=stream, group=group, consumer="controller", metrics=qm, credential=cred))
         bar = self._progress_bar()
         self.sup.touch(time.monotonic())
         try:
@@ -297,12 +303,15 @@ class JobController:
                     await self._observe(bar)  # the lines it wrote just before exiting
                     last = max((r["step"] for r in self.history.steps), default=0)
                     if last >= spec.trainer.total_steps:
+                        tracking, self.tracking = self.tracking, None
+                        await tracking.finish(succeeded=True)  # the last validation round, while replicas run
                         self.state, self.detail = "succeeded", f"trained {spec.trainer.total_steps} steps"
                         return 0
                     trainer.kill_reason = f"stopped at step {last} of {spec.trainer.total_steps}"
                 self._supervise()
                 await self._heartbeats()
                 await self._observe(bar)
+                await self.tracking.tick()
                 finished = self.ledger.finished_prompts()
                 if finished is not None and "trainer" not in self._restarting:
                     current = self._scrapes.get("trainer", {}).get("meshrl_trainer_policy_version")
@@ -324,6 +333,8 @@ class JobController:
                 # sync mode waits on the controller to see each step end: poll faster there
                 await asyncio.sleep(self.poll_s if spec.async_.mode == "async" else min(self.poll_s, 0.1))
         finally:
+            if self.tracking is not None:
+                await self.tracking.finish(succeeded=False)
             if bar is not None:
                 bar.close()
             await prompts.close()
@@ -547,7 +558,8 @@ class JobController:
             "prompts_fed": self.feeder.state.fed if self.feeder else None,
             "elapsed_s": round(time.monotonic() - self._t0, 1),
             "pid": os.getpid(), "queues": self.queues, "metrics_url": self.metrics_url,
-            **{k: last.get(k) for k in ("loss", "kl", "entropy", "grad_norm", "logprob_diff", "val_score")},
+            **{k: last.get(k) for k in ("loss", "kl", "entropy", "grad_norm", "logprob_diff")},
+            "val_score": self.history.latest_val_score(),  # the newest finished validation round
             "ledger": self.ledger.as_dict(), "restarts": self.sup.restarts(),
             "services": {p.name: {"pid": p.proc.pid if p.proc else None, "alive": p.returncode is None,
                                   "restarts": self.sup.restarts().get(p.name, 0),

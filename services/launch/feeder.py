@@ -167,7 +167,7 @@ def build_feeder(spec, queue, *, log=print, state_path: str | Path | None = None
                                         trust_remote_code=spec.model.trust_remote_code)
     ds = PromptDataset(spec.data.train_files, tok, max_prompt_length=spec.data.max_prompt_length,
                        truncation=spec.data.truncation, filter_overlong_prompts=spec.data.filter_overlong_prompts,
-                       prompt_key=spec.data.prompt_key)
+                       prompt_key=spec.data.prompt_key, chat_template=spec.data.chat_template)
     if ds.num_filtered:
         log(f"filtered {ds.num_filtered} over-long prompts (data.max_prompt_length={spec.data.max_prompt_length})")
     in_flight = (spec.async_.max_staleness + 1) * spec.data.train_batch_size

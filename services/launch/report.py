@@ -43,6 +43,8 @@ class History:
     def __init__(self, metrics_file: str | Path | None = None) -> None:
         self.metrics_file = Path(metrics_file) if metrics_file else None
         self.steps: list[dict[str, Any]] = []
+        self.validation: list[dict[str, Any]] = []  # {"step", "metrics"} per finished validation round
+        self.unlogged: list[tuple[int, dict[str, float]]] = []  # (step, full metrics) not yet sent to loggers
         self._offset = 0
         self._last_tokens = 0.0
         self._last_t = 0.0
@@ -64,6 +66,8 @@ class History:
         for rec in lines:
             m = rec.get("metrics") or {}
             lags = rec.get("staleness") or []
+            extra = {"staleness/mean": sum(lags) / len(lags) if lags else 0.0, "perf/rollout_tokens_per_s": rate}
+            self.unlogged.append((int(rec["step"]), {**m, **extra}))
             hist: dict[str, int] = {}
             for lag in lags:
                 hist[str(int(lag))] = hist.get(str(int(lag)), 0) + 1
@@ -88,6 +92,27 @@ class History:
             )
         self._last_tokens, self._last_t = rollout_tokens, t
         return True
+
+
+    def add_validation(self, step: int, metrics: dict[str, float]) -> None:
+        """Record a finished validation round of ``step``; its mean score also goes into that
+        step's row (``val_score``), where the plots and the dashboard read it."""
+        self.validation.append({"step": step, "metrics": metrics})
+        score = val_score(metrics)
+        for row in self.steps:
+            if row["step"] == step:
+                row["val_score"] = score
+
+    def latest_val_score(self) -> float | None:
+        """Mean score of the newest finished validation round (None before the first)."""
+        score = val_score(self.validation[-1]["metrics"]) if self.validation else float("nan")
+        return None if score != score else score
+
+
+def val_score(metrics: dict[str, Any]) -> float:
+    """Mean over data sources of ``val/test_score/<source>``."""
+    vals = [float(v) for k, v in metrics.items() if k.startswith("val/test_score/")]
+    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def _val_score(metrics: dict[str, Any]) -> float:
@@ -116,6 +141,9 @@ def write_report(history: History, run_dir: Path, *, ledger: dict[str, Any] | No
         "staleness_histogram": staleness_totals(rows),
         "ledger": ledger or {},
         "restarts": restarts or {},
+        "validation": history.validation,
+        "val_score_start": val_score(history.validation[0]["metrics"]) if history.validation else None,
+        "val_score_end": val_score(history.validation[-1]["metrics"]) if history.validation else None,
         "history": rows,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -139,7 +167,31 @@ def write_report(history: History, run_dir: Path, *, ledger: dict[str, Any] | No
             fig.savefig(run_dir / fname, dpi=90)
             plt.close(fig)
         _plot_staleness(plt, rows, run_dir / "staleness.png")
+    if history.validation:
+        _plot_validation(history.validation, run_dir / "validation.png")
     return summary
+
+
+def _plot_validation(rounds: list[dict[str, Any]], path: Path) -> None:
+    """``val/test_score/<source>`` (and best@k where reported) per validation round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({k for r in rounds for k in r["metrics"] if k.startswith("val/test_score/")})
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key in keys:
+        pts = [(r["step"], r["metrics"][key]) for r in rounds if key in r["metrics"]]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=key.removeprefix("val/test_score/"))
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean score")
+    ax.set_title("validation score per data source")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def staleness_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
