@@ -545,8 +545,8 @@ class JobController:
         for t in threads:
             t.join()
         leftovers = kill_adopted()
-        if leftovers:
-            log.warning("killed %d leftover descendant process(es) of the job's services", len(leftovers))
+        if leftovers:  # vLLM engine helpers outliving their replica by a moment: expected, nothing to do
+            log.info("killed %d leftover descendant process(es) of the job's services", len(leftovers))
 
     def _status(self) -> dict[str, Any]:
         last = self.history.steps[-1] if self.history.steps else {}
