@@ -282,7 +282,16 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
             raise HTTPException(404, str(exc)) from None
         except JobNotFound as exc:
             raise HTTPException(404, str(exc)) from None
-        return StreamingResponse(chunks, media_type="text/plain; charset=utf-8",
+        async def body() -> Any:
+            # Each read runs in a worker thread and returns within the follow poll (empty
+            # chunks are ticks), so a client that hangs up frees its thread at once.
+            from starlette.concurrency import run_in_threadpool
+
+            while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                if chunk:
+                    yield chunk
+
+        return StreamingResponse(body(), media_type="text/plain; charset=utf-8",
                                  headers={"X-Log-Services": ",".join(names), "Cache-Control": "no-store"})  # fmt: skip
 
     def action_route(verb: str, fn: Any, doc: str) -> None:

@@ -147,10 +147,11 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
             tail=request.tail if request.HasField("tail") else 200, follow=request.follow,
             max_seconds=request.max_seconds or 30.0,
         )  # fmt: skip
-        for data in chunks:
+        for data in chunks:  # empty chunks are ticks of an idle follow
             if not context.is_active():  # the client went away
                 return
-            yield job_pb2.JobLogChunk(data=data)
+            if data:
+                yield job_pb2.JobLogChunk(data=data)
 
 
 class AccessLog(grpc.ServerInterceptor):

@@ -68,7 +68,9 @@ def tail_bytes(path: Path, lines: int) -> tuple[bytes, int]:
 def follow(path: Path, offset: int, finished: Callable[[], bool], max_seconds: float,
            poll: float = 0.25) -> Iterator[bytes]:  # fmt: skip
     """Yield what is appended to ``path`` after ``offset``, until ``finished()`` (then the
-    rest is drained) or ``max_seconds`` pass. Never blocks longer than ``poll`` between checks."""
+    rest is drained) or ``max_seconds`` pass. While nothing is appended it yields ``b""``
+    every ``poll`` seconds, so a caller whose client went away gets control back (and can
+    stop) within ``poll``; callers skip the empty chunks."""
     deadline = time.monotonic() + max_seconds
     done = False
     while True:
@@ -93,6 +95,7 @@ def follow(path: Path, offset: int, finished: Callable[[], bool], max_seconds: f
         done = finished()  # one more read after the job finished, so its last lines come through
         if not done:
             time.sleep(poll)
+            yield b""
 
 
 __all__ = ["MAX_TAIL_LINES", "UnknownLog", "follow", "log_path", "log_services", "tail_bytes"]

@@ -260,3 +260,32 @@ def test_a_too_short_token_is_refused_without_echoing_it(tmp_path):
         GatewaySettings(token=secret)
     assert secret not in str(err.value) and secret not in repr(err.value)
     assert "s3cr" not in repr(GatewaySettings(token="s3cr7-long-enough"))
+
+
+def test_a_follower_that_hangs_up_leaves_no_reader_behind(tmp_path):
+    import sys
+
+    def readers() -> int:  # threads of this process (the gateway runs in it) inside logs.follow
+        n = 0
+        for frame in sys._current_frames().values():
+            while frame is not None:
+                if frame.f_code.co_name == "follow" and frame.f_code.co_filename.endswith("gateway/logs.py"):
+                    n += 1
+                    break
+                frame = frame.f_back
+        return n
+
+    # A job whose log stays quiet (one line, then a long step): nothing to send to the followers.
+    with running_gateway(tmp_path, fake_launcher(FAKE_STEPS=2, FAKE_INTERVAL=600), grpc=False) as gw, \
+            httpx.Client(base_url=gw.http_url, timeout=30) as c:  # fmt: skip
+        job_id = c.post("/v1/jobs", json={"spec": VALID_SPEC}, headers=auth()).json()["id"]
+        wait_until(lambda: c.get(f"/v1/jobs/{job_id}/logs", headers=auth()).status_code == 200, what="job log")
+        for _ in range(3):
+            with c.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true", "max_seconds": 3600},
+                          headers=auth()) as r:  # fmt: skip
+                assert r.status_code == 200
+                next(r.iter_bytes())  # reading ...
+            # ... and hanging up
+        assert readers() <= 3
+        wait_until(lambda: readers() == 0, timeout=10, what="the followers' readers to stop")
+        assert c.get(f"/v1/jobs/{job_id}", headers=auth()).json()["state"] == "running"

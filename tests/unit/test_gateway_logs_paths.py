@@ -40,7 +40,7 @@ def test_follow_yields_appended_bytes_and_stops_when_the_job_finishes(tmp_path):
         done.set()
 
     threading.Thread(target=writer).start()
-    got = b"".join(logs.follow(f, 4, done.is_set, max_seconds=30, poll=0.02))
+    got = b"".join(logs.follow(f, 4, done.is_set, max_seconds=30, poll=0.02))  # ticks are b""
     assert got == b"".join(f"new {i}\n".encode() for i in range(5))
     # A job that never finishes: max_seconds ends the stream.
     t0 = time.monotonic()
@@ -90,3 +90,13 @@ def test_path_problems_name_each_relative_or_missing_path(tmp_path):
         f"reward.reward_model.path: {tmp_path / 'rm'} does not exist",
         f"critic.model_path: ~/nowhere-{tmp_path.name} does not exist",
     ]
+
+
+def test_an_idle_follow_ticks_so_a_gone_client_frees_its_reader(tmp_path):
+    f = tmp_path / "a.log"
+    f.write_bytes(b"")
+    it = logs.follow(f, 0, lambda: False, max_seconds=3600, poll=0.02)
+    t0 = time.monotonic()
+    assert next(it) == b""  # nothing written: control comes back within a poll, not after max_seconds
+    assert time.monotonic() - t0 < 5
+    it.close()
