@@ -45,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32, help="prompts per step (data.train_batch_size)")
     p.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n)")
     p.add_argument("--response", type=int, default=24, help="data.max_response_length (tokens)")
+    p.add_argument("--terms", type=int, default=3, help="operands per arith prompt; the worked solution of "
+                   "3 terms ('3+1=4,4+2=6') is ~12 tokens, so generation is a real share of a step")
     p.add_argument("--mini-batches", type=int, default=2, help="PPO updates per step")
     p.add_argument("--target", type=float, default=0.6, help="training reward that counts as reached")
     p.add_argument("--warm-steps", type=int, default=50, help="supervised warm-start steps")
@@ -55,8 +57,8 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def prepare(work: Path, seed: int, warm_steps: int) -> tuple[Path, Path]:
-    """Tiny model, the addition task, and a short supervised warm start (as the quick start)."""
+def prepare(work: Path, seed: int, warm_steps: int, terms: int) -> tuple[Path, Path]:
+    """Tiny model, the chained-addition task, and a short supervised warm start on its format."""
     from services.data import synthetic
     from services.data.parquet import write_rows
     from services.modelling.tiny import TinyModelSpec, build_tiny_model
@@ -65,7 +67,7 @@ def prepare(work: Path, seed: int, warm_steps: int) -> tuple[Path, Path]:
     model, warm, data = work / "model", work / "model-warm", work / "data"
     if not (warm / "config.json").exists():
         build_tiny_model(model, TinyModelSpec(seed=seed))
-        write_rows(synthetic.arith_rows(2000, seed=seed, max_operand=4, ops="+"), data / "train.parquet")
+        write_rows(synthetic.arith_rows(2000, seed=seed, max_operand=4, ops="+", terms=terms), data / "train.parquet")
         warm_start(model, data / "train.parquet", warm, steps=warm_steps, seed=seed, log_every=0)
     return warm, data / "train.parquet"
 
@@ -174,7 +176,7 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="meshrl-async-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    model, train = prepare(work, args.seed, args.warm_steps)
+    model, train = prepare(work, args.seed, args.warm_steps, args.terms)
     results = {}
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         r = run_mode(mode, work, model, train, args)

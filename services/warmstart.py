@@ -34,7 +34,9 @@ def _examples(rows, tokenizer, max_len: int, chat_template: str | None = None) -
     eos = tokenizer.eos_token_id
     for r in rows:
         p = apply_template(tokenizer, r["prompt"], chat_template)
-        a = tokenizer.encode(str(r["reward_model"]["ground_truth"]), add_special_tokens=False)
+        # a worked solution, where the task has one, else the bare answer
+        answer = (r.get("extra_info") or {}).get("solution") or r["reward_model"]["ground_truth"]
+        a = tokenizer.encode(str(answer), add_special_tokens=False)
         ids = list(p) + list(a) + [eos]
         if len(ids) <= max_len:
             out.append((ids, len(p)))

@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="synthetic: random seed (test uses seed+1)")
     p.add_argument("--max-operand", type=int, default=20, help="arith: largest operand")
     p.add_argument("--ops", default="+-", help="arith: operators to draw from, out of '+-*'")
+    p.add_argument("--terms", type=int, default=2, help="arith: operands per prompt; above 2 the rows carry a "
+                   "worked solution (extra_info.solution) the warm start learns the format from")
     p.add_argument("--num-numbers", type=int, default=3, help="countdown: numbers per puzzle")
 
 
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
     for split, n, seed in (("train", args.train_size, args.seed), ("test", args.test_size, args.seed + 1)):
         if args.task == "arith":
-            rows = synthetic.arith_rows(n, seed=seed, max_operand=args.max_operand, ops=args.ops, split=split)
+            rows = synthetic.arith_rows(n, seed=seed, max_operand=args.max_operand, ops=args.ops, split=split,
+                                        terms=args.terms)
         else:
             rows = synthetic.countdown_rows(n, seed=seed, num_numbers=args.num_numbers, split=split)
         path = write_rows(rows, out / f"{split}.parquet")

@@ -70,3 +70,21 @@ def test_truncation_error_and_short_prompts():
     assert truncate_ids([1, 2], 4, "error") == [1, 2]
     with pytest.raises(PromptTooLongError, match="longer than max_prompt_length=2"):
         truncate_ids([1, 2, 3], 2, "error")
+
+
+def test_arith_chains_carry_a_worked_solution_whose_last_integer_is_the_answer():
+    from reward_svc.scorers import arith
+    from services.data.synthetic import arith_rows
+
+    rows = arith_rows(50, seed=3, max_operand=4, ops="+-", terms=4)
+    for r in rows:
+        expr = r["prompt"][0]["content"].removesuffix("=")
+        truth = r["reward_model"]["ground_truth"]
+        assert str(eval(expr)) == truth  # noqa: S307 - our own generated "1+2-3" strings
+        sol = r["extra_info"]["solution"]
+        assert len(sol.split(",")) == 3
+        assert arith.compute_score(sol, truth) == 1.0
+    # two terms: the rows the quick start has always used, no solution
+    assert "solution" not in arith_rows(5, seed=0, max_operand=4, ops="+")[0]["extra_info"]
+    with pytest.raises(ValueError, match="terms"):
+        arith_rows(5, terms=1)
