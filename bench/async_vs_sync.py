@@ -49,7 +49,7 @@ def parse_args() -> argparse.Namespace:
                    "3 terms ('3+1=4,4+2=6') is ~12 tokens, so generation is a real share of a step")
     p.add_argument("--mini-batches", type=int, default=2, help="PPO updates per step")
     p.add_argument("--target", type=float, default=0.6, help="training reward that counts as reached")
-    p.add_argument("--warm-steps", type=int, default=50, help="supervised warm-start steps")
+    p.add_argument("--warm-steps", type=int, default=90, help="supervised warm-start steps (90: the format is learnt, the sums are not)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="sync,async-s1,async-s2", help="comma-separated: sync, async-s<K>")
     p.add_argument("--async-staleness", type=int, default=1, help="which async run the last line reports")

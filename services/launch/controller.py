@@ -330,8 +330,10 @@ class JobController:
                 self.queues = await self._depths(watched)
                 self._check_stall()
                 self._write_status()
-                # sync mode waits on the controller to see each step end: poll faster there
-                await asyncio.sleep(self.poll_s if spec.async_.mode == "async" else min(self.poll_s, 0.1))
+                if spec.async_.mode == "sync":
+                    await self._sync_feed(self.poll_s)  # the next batch as soon as a step ends
+                else:
+                    await asyncio.sleep(self.poll_s)
         finally:
             if self.tracking is not None:
                 await self.tracking.finish(succeeded=False)
@@ -340,6 +342,57 @@ class JobController:
             await prompts.close()
             for q in watched.values():
                 await q.close()
+
+    async def _sync_feed(self, budget_s: float, tick_s: float = 0.05) -> None:
+        """``async.mode=sync``, between two rounds of the loop: put the next batch as soon as
+        the last one is trained and every replica serves the trainer's new version.
+
+        The loop's round (scrapes, depths, status) runs every ``poll_s``; waiting that long
+        between steps would charge the synchronous baseline for the controller's poll, so
+        this watches cheaply in between: while a batch is out it only stats the trainer's
+        metrics file (a line per committed step), and scrapes the trainer, then the replicas,
+        only once a step has ended.
+        """
+        end = time.monotonic() + budget_s
+        mfile = self.history.metrics_file
+
+        def size() -> int:
+            try:
+                return mfile.stat().st_size if mfile is not None else 0
+            except OSError:
+                return 0
+
+        seen, step_ended = size(), False
+        rollouts = {p.name: p.ready_url.rsplit("/", 1)[0] + "/metrics" for p in self.procs
+                    if p.name.startswith("rollout") and p.ready_url}
+        trainer = next((p for p in self.procs if p.name == "trainer"), None)
+        while time.monotonic() < end:
+            finished = self.ledger.finished_prompts()
+            if (finished is None or self.feeder is None or trainer is None or not trainer.ready_url
+                    or self._restarting or self._stop_signal is not None):
+                break
+            if self.feeder.state.fed > finished:  # the batch is out
+                if not step_ended and size() == seen:
+                    await asyncio.sleep(tick_s)
+                    continue
+                seen, step_ended = size(), True  # a step line: its counters follow at once
+                got = await asyncio.to_thread(scrape, trainer.ready_url.rsplit("/", 1)[0] + "/metrics")
+                self.ledger.observe("trainer", got)
+                if got:
+                    self._scrapes["trainer"] = got
+                if self.ledger.finished_prompts() is not None and self.feeder.state.fed > self.ledger.finished_prompts():
+                    await asyncio.sleep(tick_s)
+                continue
+            current = self._scrapes.get("trainer", {}).get("meshrl_trainer_policy_version")
+            served = await asyncio.gather(*(asyncio.to_thread(scrape, u) for u in rollouts.values()))
+            if current is not None and all(r.get("meshrl_rollout_served_version") == current for r in served):
+                put = await self.feeder.top_up(int(finished), timeout=min(5.0, self.spec.queues.put_timeout_s),
+                                               replicas_current=True)
+                self.ledger.prompts_fed = self.feeder.state.fed
+                self.control.fed(put, self.feeder.state.fed, int(finished), self.feeder.max_in_flight)
+                break
+            await asyncio.sleep(tick_s)
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
 
     # ------------------------------------------------------------------ supervision
 
