@@ -316,7 +316,8 @@ DASHBOARD_HTML = r"""<!doctype html>
         pick.value = names.includes(service) ? service : names[0] || "job";
       }
       const stick = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-      pre.textContent = await r.text();
+      // A progress bar rewrites its line with "\r": show each line as it last looked.
+      pre.textContent = (await r.text()).split("\n").map(l => l.replace(/\r+$/, "").split("\r").pop()).join("\n");
       pre.dataset.service = service;
       if (stick) pre.scrollTop = pre.scrollHeight;
     } catch (e) {

@@ -13,6 +13,7 @@ tokens_per_s, queues, detail) and exits. Knobs (environment):
     FAKE_CHILD        "1": start a child process in the same group; its pid goes to DIR/child.pid
     FAKE_GARBAGE      "1": write a status.json with NaN, wrong types and a huge detail each step
     FAKE_SERVICE_LOGS "1": also write DIR/logs/trainer.log and DIR/logs/rollout-0.log, a line per step
+                      (rollout-0's first line a "\r" progress bar)
     FAKE_RESTARTS     "1": report ``restarts: {"reward-0": 1}`` in status.json from step 2 on
 """
 
@@ -72,6 +73,8 @@ def main() -> int:
             (run_dir / "logs").mkdir(exist_ok=True)
             for service in ("trainer", "rollout-0"):
                 with open(run_dir / "logs" / f"{service}.log", "a") as f:
+                    if step == 1 and service == "rollout-0":  # a progress bar, as tqdm writes one
+                        f.write("loading 0%\rloading 50%\rloading 100%\r\n")
                     f.write(f"{service}: step {step}\n")
     final = "succeeded" if code == 0 else "failed"
     write_status(run_dir, state=final, step=steps, total_steps=steps, reward_mean=1.0, staleness=0.5,

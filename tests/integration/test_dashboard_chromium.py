@@ -138,6 +138,13 @@ def test_dashboard_shows_the_job_its_charts_events_logs_and_controls(tmp_path):
         page.eval(f"(s => {{ s.value = 'trainer'; s.dispatchEvent(new Event('change')); }})({q('details.logs select')})")
         wait_until(lambda: page.eval(q("pre.log") + ".dataset.service") == "trainer"
                    and "trainer: step" in page.eval(q("pre.log") + ".textContent"), what="the trainer's log")  # fmt: skip
+        # A progress bar's "\r" rewrites show as the line's last state.
+        page.eval(f"(s => {{ s.value = 'rollout-0'; s.dispatchEvent(new Event('change')); }})({q('details.logs select')})")
+        wait_until(lambda: page.eval(q("pre.log") + ".dataset.service") == "rollout-0", what="the rollout log")
+        text = page.eval(q("pre.log") + ".textContent")
+        assert "loading 100%" in text and "loading 0%" not in text and "\r" not in text
+        page.eval(f"(s => {{ s.value = 'trainer'; s.dispatchEvent(new Event('change')); }})({q('details.logs select')})")
+        wait_until(lambda: page.eval(q("pre.log") + ".dataset.service") == "trainer", what="the trainer's log again")
         page.mouse_move(box[0] + box[2] * 0.6, box[1] + box[3] / 2)  # the hover box in the picture
         page.screenshot(shots / "dashboard-running.png")
 
