@@ -24,7 +24,7 @@ log = logging.getLogger("meshrl.queues.broker")
 
 MAX_PRODUCERS = 100_000  # producer sequence numbers remembered per stream (oldest forgotten)
 COMPACT_MIN_BYTES = 4 << 20  # never compact a file smaller than this
-COMPACT_GROWTH = 2.0  # compact when the file is this many times the size of the last snapshot
+COMPACT_GROWTH = 1.5  # compact when the file is this many times the size of the last snapshot
 
 
 def frame_len(data: bytes | bytearray | memoryview | list) -> int:
