@@ -36,6 +36,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--access-log", default=None, help="access log file (default RUNS_DIR/gateway-access.log)")
 
 
+def check_port_free(flag: str, host: str, port: int) -> None:
+    """Raise a one-line error when ``host:port`` cannot be bound (0 and negative: nothing to check)."""
+    import errno
+    import socket
+
+    if port <= 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+            raise ValueError(f"{flag} {port}: {host}:{port} {why} (choose another {flag})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -69,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         parts = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors(include_input=False)]
         print("meshrl gateway: " + "; ".join(parts), file=sys.stderr)
         return 2
+    for flag, port in (("--port", args.port), ("--grpc-port", args.grpc_port)):
+        check_port_free(flag, args.host, port)
     gw = Gateway(settings).start()
     print(f"meshrl gateway: REST {gw.http_url} (dashboard {gw.http_url}/dashboard), gRPC {gw.grpc_address}", flush=True)
     gw.serve_forever()
