@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"plots: {run_dir / 'reward.png'}, {run_dir / 'staleness.png'}, {run_dir / 'throughput.png'}")
     print(f"warm start expected reward {res.p_correct:.3f}; RL: first step {s['reward_start']:.3f}, "
           f"last {min(5, len(s['history']))} steps {s['reward_end']:.3f}")
+    if s.get("validation"):
+        print(f"validation (held-out prompts, greedy): {s['val_score_start']:.3f} before training -> "
+              f"{s['val_score_end']:.3f} at step {s['validation'][-1]['step']} (validation.png)")
     print(f"quickstart reward_start={s['reward_start']:.3f} reward_end={s['reward_end']:.3f} "
           f"steps={s['steps']} minutes={minutes:.1f}")
     return 0
