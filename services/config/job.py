@@ -176,7 +176,9 @@ def format_validation_error(exc: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "<job>"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (typo? see `meshrl validate --help` for the schema)"
+            from services.config.schema_doc import unknown_key_message
+
+            msg = unknown_key_message(job_spec_class(), tuple(err["loc"]))
         lines.append(f"  {loc}: {msg}")
     return "invalid job spec:\n" + "\n".join(lines)
 

@@ -144,3 +144,33 @@ def format_schema(model: type[BaseModel]) -> str:
     for r in rows:
         out.append(f"{r.key:<{kw}}  {r.type:<{tw}}  = {r.default:<10}  {r.description}".rstrip())
     return "\n".join(out) + "\n"
+
+
+def keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The key names allowed in the block at ``loc`` (a path of keys below ``model``);
+    [] when the path does not lead to a block."""
+    blocks: list[type[BaseModel]] = [model]
+    for part in loc:
+        nxt: list[type[BaseModel]] = []
+        for b in blocks:
+            for name, field in b.model_fields.items():
+                if part in (name, field.alias):
+                    nxt += _models_in(field.annotation) + _list_item_models(field.annotation)
+        if isinstance(part, int):  # a list index: stay on the item models found before
+            continue
+        if not nxt:  # a union's tag in the error location (queues.embedded.x): pick that variant
+            nxt = [b for b in blocks if _variant(b) == f"type={part}"]
+        blocks = nxt
+        if not blocks:
+            return []
+    return sorted({f.alias or n for b in blocks for n, f in b.model_fields.items()})
+
+
+def unknown_key_message(model: type[BaseModel], loc: tuple) -> str:
+    """``unknown key (did you mean 'x'?; `meshrl config` lists every key)`` for ``loc``."""
+    import difflib
+
+    known = keys_at(model, tuple(p for p in loc[:-1] if not isinstance(p, int)))
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6) if known else []
+    hint = f"did you mean {close[0]!r}?; " if close else ""
+    return f"unknown key ({hint}`meshrl config` lists every key)"

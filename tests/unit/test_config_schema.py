@@ -34,3 +34,19 @@ def test_cli_prints_the_schema():
                           text=True, timeout=120)
     lines = grep.stdout.splitlines()
     assert grep.returncode == 0 and lines[0].startswith("rollout.val_kwargs ") and len(lines) == 6
+
+
+def test_unknown_keys_get_a_did_you_mean():
+    from pathlib import Path
+
+    import pytest
+
+    from services.config.job import JobSpecError, load_job
+
+    spec = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    with pytest.raises(JobSpecError) as info:
+        load_job(spec, ["trainer.test_freg=3", "queues.adress=x", "rollout.val_kwargs.temprature=1", "zzz.q=1"])
+    text = str(info.value)
+    assert "trainer.test_freg: unknown key (did you mean 'test_freq'?; `meshrl config` lists every key)" in text
+    assert "did you mean 'address'?" in text and "did you mean 'temperature'?" in text
+    assert "zzz: unknown key (`meshrl config` lists every key)" in text
