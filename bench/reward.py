@@ -194,6 +194,7 @@ async def service_run(frames: list, tok_dir: str, work, args) -> tuple[float, li
     import yaml
 
     from services.config.queues import RedisQueueConfig
+    from services.readiness import OutputWatcher
     from services.queues import make_queue
     redis, url = start_redis(work / "redis")
     procs: list[subprocess.Popen] = []
@@ -205,21 +206,20 @@ async def service_run(frames: list, tok_dir: str, work, args) -> tuple[float, li
     want = len(frames)
     try:
         cfg = {
-            "reward": {"tokenizer_path": tok_dir, "get_batch": args.get_batch, "get_timeout_s": 0.5, "grpc_port": None},
+            "reward": {"tokenizer_path": tok_dir, "get_batch": args.get_batch, "get_timeout_s": 0.5},
+            "resources": {"grpc_port": None},
             "queues": qcfg.model_dump(mode="json"),
         }
         (work / "reward.yaml").write_text(yaml.safe_dump(cfg))
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for k in range(args.procs):
             procs.append(subprocess.Popen(
-                _child([sys.executable, "-m", "reward_svc", "--config", str(work / "reward.yaml"), "--consumer", f"bench-{k}",
+                _child([sys.executable, "-m", "reward_svc", "--config", str(work / "reward.yaml"), "--id", f"bench-{k}",
                  "--log-level", "WARNING"]),
                 stdout=subprocess.PIPE, text=True, env=env,
             ))
         for p in procs:  # all started and warmed up (imports done) before the clock starts
-            line = await asyncio.wait_for(asyncio.to_thread(p.stdout.readline), 120)
-            if not line.startswith("reward ready"):
-                raise RuntimeError(f"reward service did not start: {line!r}")
+            await asyncio.to_thread(OutputWatcher(p).wait, 120)  # NotReady (with the output) if not
         t0 = time.perf_counter()
         while frames:  # queue in: the frames go into Redis while the services consume
             chunk, frames[:64] = frames[:64], []  # (and leave this process's memory)

@@ -157,7 +157,6 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
     Alternating makes both see the same background load on a shared machine. Returns
     ``(baseline_runs, service_runs, weight_load_s)`` with runs as (tokens, seconds)."""
     import asyncio
-    import json
     import subprocess
 
     import yaml
@@ -166,6 +165,7 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
     from services.config.weights import WeightChannelConfig
     from services.queues import make_queue
     from services.queues.redis_server import RedisServer
+    from services.readiness import NotReady, OutputWatcher
     from services.weights import WeightPublisher
 
     redis = RedisServer(workdir / "redis", aof=False).start()
@@ -182,20 +182,16 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), VLLM_CPU_KVCACHE_SPACE="1")
     log = open(workdir / "service.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "rollout_svc", "--config", str(workdir / "svc.yaml"),
-                             "--name", "bench-0"], stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                             "--id", "bench-0"], stdout=subprocess.PIPE, stderr=log, text=True, env=env,
                             start_new_session=True)
     qcfg = parse_queue_config({"type": "redis", "url": redis.url})
     feeder = make_queue(qcfg, stream="prompts", group="rollout", consumer="bench-feeder")
     sink = make_queue(qcfg, stream="rollouts", group="reward", consumer="bench-sink")
     try:
-        t_start = time.monotonic()
-        while True:
-            line = proc.stdout.readline()
-            if line.startswith("READY "):
-                break
-            if not line and proc.poll() is not None or time.monotonic() - t_start > 600:
-                raise RuntimeError(f"rollout service did not start; see {workdir / 'service.log'}")
-        info = json.loads(line[6:])
+        try:
+            ready = OutputWatcher(proc).wait(600)
+        except NotReady as exc:
+            raise RuntimeError(f"rollout service did not start ({exc}); see {workdir / 'service.log'}") from None
         await _through_queue(feeder, sink, warm, args.n, "warm")
         base = Baseline(args, model).start()
         b_runs, s_runs = [], []
@@ -235,7 +231,7 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
 
         from services import auth
 
-        with auth.channel(f"127.0.0.1:{info['grpc_port']}", auth.current()) as ch:
+        with auth.channel(ready.address("grpc"), auth.current()) as ch:
             st = rollout_pb2_grpc.RolloutServiceStub(ch).Status(rollout_pb2.RolloutStatusRequest(), timeout=30)
         print(f"weight update: v{st.served_version} loaded in {st.last_weight_load_s:.3f}s "
               f"({report.tensor_bytes / 1e6:.1f} MB, transfer {report.seconds:.3f}s)", flush=True)

@@ -53,7 +53,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from services.config.trainer import TrainerServiceSpec
+    from services.config.views import TrainerView
     from services.modelling.tiny import TinyModelSpec, build_tiny_model
     from services.net import free_port
     from trainer_svc.fsdp import init_distributed, load_causal_lm
@@ -70,8 +70,8 @@ def main() -> int:
                           num_attention_heads=heads, num_key_value_heads=max(1, heads // 2)),
         )
         samples = args.groups * args.n
-        spec = TrainerServiceSpec(
-            model_path=str(model_dir), train_batch_size=args.groups, rollout_n=args.n,
+        spec = TrainerView(
+            model={"path": str(model_dir)}, data={"train_batch_size": args.groups}, rollout={"n": args.n},
             actor={"ppo_mini_batch_size": args.groups, "ppo_micro_batch_size_per_gpu": args.micro,
                    "log_prob_micro_batch_size_per_gpu": args.micro, "optim": {"lr": 1e-6}},
             trainer={"total_steps": 1000},

@@ -1,82 +1,55 @@
-"""``python -m reward_svc --config FILE``: run one reward service process.
+"""``python -m reward_svc --config reward.yaml [--id NAME] [--no-queue] [a.b=c ...]``: one reward worker.
 
-FILE is either a whole job spec (``services.config.job``; its ``reward`` and ``queues``
-blocks are used, and the model's tokenizer unless ``reward.tokenizer_path`` is set) or a
-standalone file::
+The file is the reward view of a job (:class:`services.config.views.RewardView`; written by
+``meshrl run`` or ``meshrl views``)::
 
+    service: reward
     reward: {tokenizer_path: /path/to/tokenizer, custom_reward_function: {...}, ...}
-    queues: {type: redis, url: redis://127.0.0.1:6379/0}     # omit for gRPC-only
+    resources: {device: cpu, host: 127.0.0.1, grpc_port: 0, metrics_port: 0}
+    queues: {type: redis, url: redis://127.0.0.1:6379/0}     # null: gRPC Score only
 
-Trailing ``a.b=c`` arguments override keys (OmegaConf style). The command line is parsed
-before torch or anything heavy is imported, so ``--help`` is instant. When ready the
-process prints one line ``reward ready grpc=<host:port|off> metrics=<host:port>``.
+The command line and the view are checked before torch or anything heavy is imported, so
+``--help`` is instant. When ready the process announces it with the one
+``MESHRL_READY {...}`` line (``services.readiness``: addresses ``metrics`` and, when on,
+``grpc``).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m reward_svc", description="meshrl reward service")
-    p.add_argument("--config", required=True, help="job spec or standalone reward service YAML")
-    p.add_argument("--consumer", default=None, help="consumer name in the group (default reward-<host>-<pid>)")
+def parse_args(argv: list[str] | None = None):
+    from services.entrypoint import parse_with_overrides, service_parser
+
+    p = service_parser("reward", "meshrl reward service", default_id=None)
     p.add_argument("--no-queue", action="store_true", help="serve gRPC Score only; do not consume a stream")
-    p.add_argument("--log-level", default="INFO", help="logging level")
-    p.add_argument("overrides", nargs="*", help="a.b=c overrides")
-    return p.parse_args(argv)
+    return parse_with_overrides(p, argv)
 
 
-def load_config(path: str, overrides: list[str]) -> tuple[object, object, str]:
-    """``(RewardConfig, queue config or None, tokenizer path)`` from a job spec or a standalone file."""
-    import yaml
+def load_config(path: str, overrides: list[str]):
+    """The :class:`RewardView` in ``path`` (plus overrides); ConfigError if it is not one."""
+    from services.config.views import RewardView, load_view
 
-    from services.config.job import JobSpecError, apply_overrides, format_validation_error, load_job
-    from services.config.reward import RewardConfig
-
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
-    if not isinstance(raw, dict):
-        raise JobSpecError(f"{path}: expected a mapping at the top level")
-    if "model" in raw:  # a whole job spec
-        spec = load_job(path, overrides)
-        reward = getattr(spec, "reward", None) or RewardConfig()
-        queues = getattr(spec, "queues", None)
-        tok = reward.tokenizer_path or spec.model.tokenizer_path or spec.model.path
-        return reward, queues, tok
-    from pydantic import ValidationError
-
-    from services.config.queues import parse_queue_config
-
-    raw = apply_overrides(raw, overrides)
-    unknown = set(raw) - {"reward", "queues"}
-    if unknown:
-        raise JobSpecError(f"{path}: unknown top-level keys {sorted(unknown)} (expected reward, queues)")
-    try:
-        reward = RewardConfig.model_validate(raw.get("reward") or {})
-        queues = parse_queue_config(raw["queues"]) if raw.get("queues") else None
-    except ValidationError as exc:
-        raise JobSpecError(format_validation_error(exc)) from None
-    if not reward.tokenizer_path:
-        raise JobSpecError(f"{path}: reward.tokenizer_path is required in a standalone reward config")
-    return reward, queues, reward.tokenizer_path
+    return load_view(RewardView, path, overrides)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args, view) -> int:
     import asyncio
     import signal
 
     from reward_svc.decode import load_decoder
     from reward_svc.server import RewardServer
+    from services.readiness import announce_ready
 
-    cfg, queues, tok = load_config(args.config, args.overrides)
-    consumer = args.consumer or f"reward-{socket.gethostname()}-{os.getpid()}"
-    server = RewardServer(cfg, load_decoder(tok), queue_cfg=None if args.no_queue else queues, consumer=consumer)
+    consumer = args.id or f"reward-{socket.gethostname()}-{os.getpid()}"
+    server = RewardServer(view.reward, load_decoder(view.reward.tokenizer_path),
+                          queue_cfg=None if args.no_queue else view.queues, consumer=consumer, resources=view.resources)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
     def on_signal() -> None:
         if stop.is_set():  # a second signal: leave now
             os._exit(130)
@@ -85,8 +58,10 @@ async def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await server.start()
-    grpc_addr = f"{cfg.host}:{server.grpc_port}" if server.grpc_port else "off"
-    print(f"reward ready grpc={grpc_addr} metrics={server.http.host}:{server.http.port}", flush=True)
+    addresses = {"metrics": f"{server.http.host}:{server.http.port}"}
+    if server.grpc_port:
+        addresses["grpc"] = f"{view.resources.host}:{server.grpc_port}"
+    announce_ready("reward", consumer, addresses, device=view.resources.device)
     try:
         await server.run(stop)
     finally:
@@ -96,16 +71,22 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from services.config.loader import ConfigError
+
+    try:
+        view = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"reward: {exc}", file=sys.stderr)
+        return 2
     import asyncio
     import logging
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from reward_svc.sandbox.pool import SandboxStartError
-    from services.config.job import JobSpecError
 
     try:
-        return asyncio.run(_serve(args))
-    except (JobSpecError, SandboxStartError, FileNotFoundError) as exc:
+        return asyncio.run(_serve(args, view))
+    except (ConfigError, SandboxStartError, FileNotFoundError) as exc:
         print(f"reward: cannot start: {exc}", file=sys.stderr)
         return 2
 

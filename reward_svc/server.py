@@ -1,6 +1,6 @@
 """The reward service: ``rollouts`` → decode + score → ``experience``, plus gRPC ``Score``.
 
-    server = RewardServer(cfg, decoder, queue_cfg=queues, consumer="reward-0")
+    server = RewardServer(cfg, decoder, queue_cfg=queues, consumer="reward-0", resources=RewardProcess(...))
     await server.start()          # sandbox pool, gRPC, /health /ready /metrics, queues
     await server.run(stop_event)  # lease, score, put, ack -- until stop_event is set
     await server.stop()
@@ -29,7 +29,9 @@ from reward_svc.manager import MalformedBatchError, RewardManager, ScoreReport
 from reward_svc.metrics import RewardMetrics
 from reward_svc.sandbox.pool import SandboxPool, SandboxSpec
 from services import auth
+from services.config.loader import ConfigError
 from services.config.reward import RewardConfig
+from services.config.views import RewardProcess
 from services.metrics import MetricsServer
 
 log = logging.getLogger("meshrl.reward")
@@ -57,9 +59,10 @@ class RewardServer:
     """One reward service instance (see module doc)."""
 
     def __init__(self, cfg: RewardConfig, decoder: Decoder, *, queue_cfg: Any = None, consumer: str = "reward-0",
-                 credential: auth.JobCredential | None = None) -> None:
+                 credential: auth.JobCredential | None = None, resources: RewardProcess | None = None) -> None:
         self.cfg = cfg
         self.credential = credential  # None: the process's job credential, resolved when gRPC starts
+        self.res = resources or RewardProcess()
         self.queue_cfg = queue_cfg
         self.consumer = consumer
         self.metrics = RewardMetrics()
@@ -79,7 +82,7 @@ class RewardServer:
         """Start the probes (``/ready`` is 503 until the end), the sandbox pool (or the reward
         model), gRPC and the queues; on failure, release what was started and raise."""
         self.http = MetricsServer(
-            self.metrics.registry, host=self.cfg.host, port=self.cfg.metrics_port, ready=lambda: self._ready, status=self.status
+            self.metrics.registry, host=self.res.host, port=self.res.metrics_port, ready=lambda: self._ready, status=self.status
         ).start()
         try:
             await self._start_rest()
@@ -95,13 +98,19 @@ class RewardServer:
         if self.manager is None:  # the reward model is loaded before reporting ready
             from reward_svc.reward_model import RewardModelScorer
 
-            rmc = self.cfg.reward_model
+            rmc, device = self.cfg.reward_model, self.res.device
+            if device == "cuda":
+                import torch
+
+                if not torch.cuda.is_available():
+                    raise ConfigError("resources.device (the job's services.reward.device) is cuda, but torch sees "
+                                      "no CUDA device on this machine; set services.reward.device=cpu")
             rm = await asyncio.to_thread(
-                RewardModelScorer, rmc.path, micro_batch_size=rmc.micro_batch_size, max_length=rmc.max_length, device=rmc.device
+                RewardModelScorer, rmc.path, micro_batch_size=rmc.micro_batch_size, max_length=rmc.max_length, device=device
             )
             self.manager = RewardManager(self.cfg, self.decoder, rm=rm)
         await asyncio.to_thread(self._warm_up)
-        if self.cfg.grpc_port is not None:
+        if self.res.grpc_port is not None:
             await self._start_grpc()
         if self.queue_cfg is not None:
             from services.queues import make_queue
@@ -333,9 +342,9 @@ class RewardServer:
         credential = auth.resolve(self.credential)  # every call must carry the job's credential
         self.grpc_server = grpc.aio.server(options=opts, interceptors=[credential.aio_server_interceptor()])
         reward_pb2_grpc.add_RewardServiceServicer_to_server(_Servicer(self), self.grpc_server)
-        port = self.grpc_server.add_insecure_port(f"{self.cfg.host}:{self.cfg.grpc_port}")
+        port = self.grpc_server.add_insecure_port(f"{self.res.host}:{self.res.grpc_port}")
         if port == 0:
-            raise RuntimeError(f"cannot bind the RewardService gRPC port {self.cfg.host}:{self.cfg.grpc_port}")
+            raise RuntimeError(f"cannot bind the RewardService gRPC port {self.res.host}:{self.res.grpc_port}")
         self.grpc_port = port
         await self.grpc_server.start()
 

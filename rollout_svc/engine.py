@@ -159,6 +159,11 @@ class RolloutEngine:
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_token_ids[0]
         self.manifest = WeightManifest.from_model(self.model, tied=bool(getattr(mc.hf_config, "tie_word_embeddings", False)))
 
+    def served_dtype(self) -> str:
+        """The dtype vLLM actually runs the model in (from its model config once started)."""
+        dtype = getattr(getattr(self.llm, "model_config", None), "dtype", None)
+        return str(dtype).removeprefix("torch.") if dtype is not None else self.dtype
+
     @property
     def healthy(self) -> bool:
         """True while the engine is loaded and has not died."""

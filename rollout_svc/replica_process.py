@@ -3,33 +3,38 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
+import sys
 
-from rollout_svc.settings import ReplicaSettings
+from services.config.views import RolloutView
 
 log = logging.getLogger(__name__)
 
 
-async def serve(settings: ReplicaSettings, *, name: str) -> int:
+async def serve(view: RolloutView, *, name: str) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit code."""
+    problem = device_problem(view.resources.device)
+    if problem:
+        print(f"rollout_svc: {problem}", file=sys.stderr, flush=True)
+        return 2
     from rollout_svc.engine import RolloutEngine
     from rollout_svc.grpc_server import start_grpc_server
     from rollout_svc.metrics import RolloutMetrics
     from rollout_svc.replica import Replica
     from services.metrics import MetricsServer
+    from services.readiness import announce_ready
 
-    cfg = settings.rollout
-    engine = RolloutEngine(cfg, settings.model, dtype=settings.dtype, tokenizer=settings.tokenizer,
-                           trust_remote_code=settings.trust_remote_code)
+    cfg, res = view.rollout, view.resources
+    engine = RolloutEngine(cfg, view.model.path, dtype=view.model.dtype, tokenizer=view.model.tokenizer_path,
+                           trust_remote_code=view.model.trust_remote_code)
     metrics = RolloutMetrics()
     prompts = rollouts = None
-    if settings.queues is not None:
+    if view.queues is not None:
         from services.queues import make_queue
 
-        prompts = make_queue(settings.queues, stream="prompts", group="rollout", consumer=name)
-        rollouts = make_queue(settings.queues, stream="rollouts", group="rollout", consumer=name)
+        prompts = make_queue(view.queues, stream="prompts", group="rollout", consumer=name)
+        rollouts = make_queue(view.queues, stream="rollouts", group="rollout", consumer=name)
     agent = None
     if cfg.multi_turn.enable:
         from rollout_svc.agent.loop import AgentLoop
@@ -37,7 +42,7 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
         agent = AgentLoop(engine, cfg, registry=metrics.registry)
     replica = Replica(engine, cfg, name=name, prompts=prompts, rollouts=rollouts, metrics=metrics, agent=agent)
     http = MetricsServer(
-        metrics.registry, host=cfg.host, port=cfg.metrics_port, ready=lambda: engine.healthy, status=replica.status
+        metrics.registry, host=res.host, port=res.metrics_port, ready=lambda: engine.healthy, status=replica.status
     ).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -49,16 +54,17 @@ async def serve(settings: ReplicaSettings, *, name: str) -> int:
         await engine.start()
         if agent is not None:
             await agent.start()
-        grpc_server, grpc_port = await start_grpc_server(replica, cfg.host, cfg.grpc_port)
+        grpc_server, grpc_port = await start_grpc_server(replica, res.host, res.grpc_port)
         if prompts is not None:
             tasks.append(asyncio.create_task(replica.run(stop), name="stream-loop"))
-        if settings.weights is not None:
+        if view.weights is not None:
             from rollout_svc.subscriber import run_weight_subscriber
 
-            tasks.append(asyncio.create_task(run_weight_subscriber(replica, settings.weights, name, stop), name="weights"))
+            tasks.append(asyncio.create_task(run_weight_subscriber(replica, view.weights, name, stop), name="weights"))
         dead = asyncio.Event()
         tasks.append(asyncio.create_task(_watch_engine(engine, stop, dead), name="engine-watchdog"))
-        print("READY " + json.dumps({"grpc_port": grpc_port, "metrics_port": http.port, "replica": name}), flush=True)
+        announce_ready("rollout", name, {"grpc": f"{res.host}:{grpc_port}", "metrics": f"{http.host}:{http.port}"},
+                       device=res.device, dtype=engine.served_dtype())
         await stop.wait()
         log.info("replica %s: stopping", name)
         if tasks:
@@ -91,3 +97,14 @@ async def _watch_engine(engine, stop: asyncio.Event, dead: asyncio.Event, period
             await asyncio.wait_for(stop.wait(), timeout=period_s)
         except TimeoutError:
             pass
+
+
+def device_problem(device: str) -> str | None:
+    """Why this vLLM build cannot run on ``device`` (the job's services.rollout.device), or None."""
+    from vllm.platforms import current_platform
+
+    have = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda_alike() else current_platform.device_type
+    if have != device:
+        return (f"resources.device (the job's services.rollout.device) is {device}, but this vLLM build runs on {have}; "
+                f"set services.rollout.device={have} or install the {device} build of vLLM")
+    return None

@@ -182,7 +182,7 @@ class DataParallelPPOActor:
         """
         meta = data.meta_info
         micro = int(meta.get("micro_batch_size", self.config.log_prob_micro_batch_size_per_gpu))
-        temperature = float(meta.get("temperature", self.config.temperature))
+        temperature = float(meta.get("temperature", 1.0))  # verl: the trainer puts rollout.temperature here
         dynamic = bool(meta.get("use_dynamic_bsz", self.config.use_dynamic_bsz))
         max_tokens = int(meta.get("max_token_len", self.config.log_prob_max_token_len_per_gpu))
         self.module.eval()
@@ -226,7 +226,7 @@ class DataParallelPPOActor:
         if self.optimizer is None:
             raise RuntimeError("update_policy on an actor without an optimizer (a reference policy?)")
         c = self.config
-        temperature = float(data.meta_info.get("temperature", c.temperature))
+        temperature = float(data.meta_info.get("temperature", 1.0))
         keys = list(_FORWARD_KEYS) + ["response_mask", "old_log_probs", "advantages"]
         if c.use_kl_loss:
             keys.append("ref_log_prob")

@@ -7,28 +7,28 @@ import os
 import sys
 from typing import Any
 
-from services.config.trainer import TrainerServiceSpec
+from services.config.views import TrainerView
 
 
-def _make_source(spec: TrainerServiceSpec, vocab_size: int, consumer: str | None) -> Any:
+def _make_source(spec: TrainerView, vocab_size: int, consumer: str | None) -> Any:
     from trainer_svc.intake import QueueIntake, SyntheticIntake
 
-    if spec.queue is None:
+    if spec.queues is None:
         s = spec.synthetic
         return SyntheticIntake(
-            train_batch_size=spec.train_batch_size, n=spec.rollout_n, prompt_len=s.prompt_len,
+            train_batch_size=spec.data.train_batch_size, n=spec.rollout.n, prompt_len=s.prompt_len,
             response_len=s.response_len, vocab_size=vocab_size, seed=s.seed,
         )
     from services.queues import make_queue
 
-    queue = make_queue(spec.queue, stream="experience", group="trainer", consumer=consumer or "trainer-0")
+    queue = make_queue(spec.queues, stream="experience", group="trainer", consumer=consumer or "trainer-0")
     # With periodic checkpoints, a step's items are acked once a checkpoint holds it: a hard
     # kill then neither loses a trained step nor trains an item twice.
-    return QueueIntake(queue, train_batch_size=spec.train_batch_size, max_staleness=spec.max_staleness,
+    return QueueIntake(queue, train_batch_size=spec.data.train_batch_size, max_staleness=spec.async_.max_staleness,
                        defer_acks=spec.trainer.save_freq > 0)
 
 
-def run_rank(spec: TrainerServiceSpec, *, consumer: str | None = None, log_level: str = "INFO") -> int:
+def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str = "INFO") -> int:
     """Build this rank's worker and run the service loop; returns the exit code."""
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
@@ -39,12 +39,18 @@ def run_rank(spec: TrainerServiceSpec, *, consumer: str | None = None, log_level
     from prometheus_client import CollectorRegistry
 
     from services.metrics import MetricsServer
+    from services.readiness import announce_ready
     from trainer_svc.fsdp import init_distributed, set_torch_threads
     from trainer_svc.train_loop import TrainerMetrics, TrainerService
     from trainer_svc.worker import TrainerWorker
 
-    set_torch_threads(spec.trainer.torch_threads, spec.trainer.nproc)
-    ctx = init_distributed(spec.trainer.device, spec.trainer.collective_timeout_s)
+    res = spec.resources
+    if res.device == "cuda" and not torch.cuda.is_available():
+        print("trainer: resources.device (the job's services.trainer.device) is cuda, but torch sees no CUDA "
+              "device on this machine; set services.trainer.device=cpu", file=sys.stderr, flush=True)
+        return 2
+    set_torch_threads(res.torch_threads, res.nproc)
+    ctx = init_distributed(res.device, spec.trainer.collective_timeout_s)
     worker = TrainerWorker(spec, ctx)
     source = publisher = metrics = server = None
     if ctx.rank == 0:
@@ -55,18 +61,24 @@ def run_rank(spec: TrainerServiceSpec, *, consumer: str | None = None, log_level
             from services.weights import WeightPublisher
 
             publisher = WeightPublisher(spec.weights, registry=registry).start()
-    service = TrainerService(spec, ctx, worker, source=source, publisher=publisher, metrics=metrics)
+    def announce() -> None:
+        addresses = {"metrics": f"{server.host}:{server.port}"}
+        if publisher is not None:
+            addresses["weights"] = publisher.control_address
+        announce_ready("trainer", consumer or "trainer-0", addresses, world_size=ctx.world_size, device=res.device,
+                       dtype=str(next(worker.model.parameters()).dtype).removeprefix("torch."),
+                       version=worker.version, step=service.step_no)
+
+    service = TrainerService(spec, ctx, worker, source=source, publisher=publisher, metrics=metrics,
+                             on_ready=announce if ctx.rank == 0 else None)
     service.install_signal_handlers()
     try:
         service.resume()
         if ctx.rank == 0:
             server = MetricsServer(
-                metrics.registry, host=spec.trainer.metrics_host, port=spec.trainer.metrics_port,
+                metrics.registry, host=res.host, port=res.metrics_port,
                 ready=lambda: service.ready, status=service.status,
             ).start()
-            addr = f"{server.host}:{server.port}"
-            extra = f" weights={publisher.control_address}" if publisher is not None else ""
-            print(f"trainer ready metrics={addr} version={worker.version} step={service.step_no}{extra}", flush=True)
         code = service.run()
     finally:
         if server is not None:

@@ -23,11 +23,12 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.config.trainer import TrainerServiceSpec
+from services.config.views import TrainerView
 from trainer_svc.checkpoint import CheckpointManager
 from trainer_svc.comm import broadcast_message
 from trainer_svc.fsdp import DistContext
@@ -90,13 +91,14 @@ class TrainerService:
 
     def __init__(
         self,
-        spec: TrainerServiceSpec,
+        spec: TrainerView,
         ctx: DistContext,
         worker: TrainerWorker,
         *,
         source: Any = None,
         publisher: Any = None,
         metrics: TrainerMetrics | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.spec, self.ctx, self.worker = spec, ctx, worker
         self.source, self.publisher, self.metrics = source, publisher, metrics
@@ -105,6 +107,7 @@ class TrainerService:
         self._saved_step = 0
         self.stop_requested = False
         self.ready = False
+        self.on_ready = on_ready  # called once, when ready (rank 0 announces readiness)
         self.last_result: StepResult | None = None
         self._consecutive_nonfinite = 0
         self._loop = asyncio.new_event_loop() if ctx.rank == 0 else None
@@ -150,6 +153,8 @@ class TrainerService:
         spec = self.spec
         self._publish(initial=True)
         self.ready = True
+        if self.on_ready is not None:
+            self.on_ready()
         while True:
             control, batch, pending = self._next_command()
             if control["cmd"] == "stop":

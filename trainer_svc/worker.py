@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.config.trainer import TrainerServiceSpec
+from services.config.views import TrainerView
 from services.protocol import DataProto
 from trainer_svc import core_algos
 from trainer_svc.actor import DataParallelPPOActor, local_mini_batch_size
@@ -75,12 +75,12 @@ class TrainerWorker:
     (token counts, NaN flags, metrics, gathered log-probs) run on ``ctx.cpu_group`` (gloo).
     """
 
-    def __init__(self, spec: TrainerServiceSpec, ctx: DistContext) -> None:
+    def __init__(self, spec: TrainerView, ctx: DistContext) -> None:
         self.spec = spec
         self.ctx = ctx
         torch.manual_seed(spec.trainer.seed)
         a = spec.actor
-        model = load_causal_lm(spec.model_path, spec.dtype, device=ctx.device)
+        model = load_causal_lm(spec.model.path, spec.model.dtype, device=ctx.device)
         if a.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         reshard = a.fsdp_config.reshard_after_forward
@@ -91,26 +91,26 @@ class TrainerWorker:
             a,
             self.model,
             self.optimizer,
-            mini_batch_size=local_mini_batch_size(a.ppo_mini_batch_size, spec.rollout_n, ctx.world_size),
+            mini_batch_size=local_mini_batch_size(a.ppo_mini_batch_size, spec.rollout.n, ctx.world_size),
             group=ctx.cpu_group,
             off_policy=spec.algorithm.off_policy,
         )
         self.ref: ReferencePolicy | None = None
         if spec.use_ref:
             # forward-only: always free gathered parameters after each layer
-            ref_model = shard_model(load_causal_lm(spec.model_path, spec.dtype, device=ctx.device), ctx.mesh)
+            ref_model = shard_model(load_causal_lm(spec.model.path, spec.model.dtype, device=ctx.device), ctx.mesh)
             self.ref = ReferencePolicy(ref_model, a, spec.ref, group=ctx.cpu_group)
         self.critic: DataParallelPPOCritic | None = None
         self.critic_optimizer = self.critic_scheduler = None
         if spec.use_critic:
             c = spec.critic
-            vmodel = shard_model(load_value_model(c.model_path or spec.model_path, spec.dtype, device=ctx.device), ctx.mesh)
+            vmodel = shard_model(load_value_model(c.model_path or spec.model.path, spec.model.dtype, device=ctx.device), ctx.mesh)
             self.critic_optimizer, self.critic_scheduler = build_optimizer(vmodel, c.optim, spec.trainer.total_steps)
             self.critic = DataParallelPPOCritic(
                 c,
                 vmodel,
                 self.critic_optimizer,
-                mini_batch_size=local_mini_batch_size(c.ppo_mini_batch_size, spec.rollout_n, ctx.world_size),
+                mini_batch_size=local_mini_batch_size(c.ppo_mini_batch_size, spec.rollout.n, ctx.world_size),
                 group=ctx.cpu_group,
             )
         self.kl_ctrl = core_algos.get_kl_controller(spec.algorithm.kl_ctrl) if spec.algorithm.use_kl_in_reward else None
@@ -124,7 +124,7 @@ class TrainerWorker:
             raise ValueError("empty training batch")
         ctx, spec = self.ctx, self.spec
         t0 = time.perf_counter()
-        batch.meta_info.setdefault("temperature", spec.actor.temperature)
+        batch.meta_info.setdefault("temperature", spec.rollout.temperature or 1.0)  # 0 = greedy: logits as they are
         plan = ShardPlan.build(batch, ctx.world_size)
         local = plan.local(batch, ctx.rank)
         old_lp, entropy = self.actor.compute_log_prob(local, calculate_entropy=True)

@@ -36,6 +36,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("warm-start", "services.cli.warm_start", "a short supervised warm start (SFT) before RL"),
     Subcommand("validate", "services.cli.validate", "check a job spec and print it resolved (with a.b=c overrides); --schema lists every key"),
     Subcommand("config", "services.cli.config_schema", "list every job spec key with its type, default and description"),
+    Subcommand("views", "services.cli.views", "write each service's config (its view of a job) to a directory"),
     Subcommand("gateway", "services.cli.gateway", "serve the REST + gRPC control plane and the dashboard (jobs in SQLite/PostgreSQL)"),
     Subcommand("export", "services.cli.export", "write a trainer checkpoint as a Hugging Face model directory"),
     Subcommand("make-dataset", "services.cli.make_dataset", "write a built-in task, or convert a local GSM8K/MATH file, to verl parquet"),
@@ -72,7 +73,10 @@ def describe_failure(exc: BaseException) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # a.b=c overrides may come anywhere on the line (verl users put them last, after options)
+    from services.entrypoint import parse_with_overrides
+
+    args = parse_with_overrides(parser, argv)
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2

@@ -17,7 +17,14 @@ def load_spec_or_report(args: argparse.Namespace) -> Any | None:
     """The validated job spec of ``args.spec`` + ``args.overrides``; None after printing
     the problems (each ``field: what is wrong``) to stderr."""
     from services.config.job import JobSpecError, load_job
+    from services.config.loader import is_override
 
+    words = [args.spec, *args.overrides]  # overrides may come before the spec too
+    files = [w for w in words if not is_override(w)]
+    if len(files) != 1:
+        print(f"expected one job spec file and a.b=c overrides, got {files or 'no file'}", file=sys.stderr)
+        return None
+    args.spec, args.overrides = files[0], [w for w in words if is_override(w)]
     try:
         return load_job(args.spec, args.overrides)
     except JobSpecError as exc:

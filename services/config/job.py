@@ -1,34 +1,54 @@
-"""The job spec: one YAML file describes a whole meshrl job.
+"""The job spec: one YAML file describes a whole meshrl job, each setting in one place.
 
 Key names follow verl where verl has one (``data.train_batch_size``, ``rollout.n``,
-``algorithm.adv_estimator``, ``actor.optim.lr`` ...). Resources (how many replicas, ranks,
-which devices) live in ``services:``, apart from behaviour (STYLE.md #9). Every block is
-strict: an unknown key fails loudly, naming it.
+``algorithm.adv_estimator``, ``actor.optim.lr`` ...). Resources -- how many processes,
+which devices, which ports, how many threads -- live only under ``services:``; behaviour
+lives in the algorithm blocks (``actor``, ``critic``, ``ref``, ``algorithm``, ``rollout``,
+``reward``, ``trainer``, ``data``, ``async``). Every block is strict: an unknown key fails
+loudly, naming it (and, for a key that moved, where it lives now).
 
     spec = load_job("examples/quickstart.yaml", ["actor.optim.lr=1e-5", "rollout.n=4"])
     print(dump_job(spec))
 
 A bad spec raises :class:`JobSpecError`, whose message lists every problem as
-``<dotted.path>: <what is wrong>``, before anything starts.
+``<dotted.path>: <what is wrong>``, before anything starts. The services never read a job
+spec: the controller cuts one typed view per service out of it (:mod:`services.config.views`).
 """
 
 from __future__ import annotations
 
-import copy
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.config.base import StrictModel
+from services.config.loader import (
+    ConfigError,
+    apply_overrides,
+    dump_model,
+    format_validation_error,
+    load_model,
+    resolve_path,
+    validate,
+)
+from services.config.queues import EmbeddedQueueConfig, QueueConfig
 from services.config.restart import RestartConfig
+from services.config.reward import RewardConfig
+from services.config.rollout import RolloutConfig
+from services.config.trainer import ActorConfig, AlgorithmConfig, CriticConfig, RefConfig, TrainerConfig
+from services.config.weights import WeightChannelConfig
 
+JobSpecError = ConfigError  # the name callers use for a bad job spec
 
-class JobSpecError(ValueError):
-    """The job spec is invalid; the message names each bad field and the problem."""
+__all__ = [
+    "JobSpec", "JobSpecError", "ModelConfig", "DataConfig", "ServicesConfig", "AsyncConfig",
+    "apply_overrides", "format_validation_error", "parse_job", "load_job", "dump_job",
+]  # fmt: skip
+
+Device = Literal["cpu", "cuda"]
 
 
 class ModelConfig(StrictModel):
@@ -38,8 +58,19 @@ class ModelConfig(StrictModel):
     tokenizer_path: str | None = Field(None, description="tokenizer directory; defaults to `path`")
     trust_remote_code: bool = Field(False, description="allow the checkpoint's own modelling code to run")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="parameter dtype for training and generation (float32 on CPU)"
+        "float32",
+        description="parameter dtype the trainer trains in, and vLLM's dtype unless rollout.dtype says otherwise; "
+        "float16 cannot be trained (no loss scaling): train in bfloat16/float32 and set rollout.dtype=float16",
     )
+
+    def resolve_paths(self, base: Path) -> None:
+        self.path = resolve_path(self.path, base) or self.path
+        self.tokenizer_path = resolve_path(self.tokenizer_path, base)
+
+    @property
+    def tokenizer(self) -> str:
+        """The tokenizer directory (``tokenizer_path``, else the model's own)."""
+        return self.tokenizer_path or self.path
 
 
 class DataConfig(StrictModel):
@@ -68,29 +99,56 @@ class DataConfig(StrictModel):
     def _one_or_many(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
 
+    def resolve_paths(self, base: Path) -> None:
+        self.train_files = [resolve_path(p, base) or p for p in self.train_files]
+        self.val_files = [resolve_path(p, base) or p for p in self.val_files]
 
-class ReplicaSet(StrictModel):
-    """How many processes of one service, and where they run."""
 
-    replicas: int = Field(1, ge=0, le=1024, description="number of processes of this service")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="device the service computes on")
+# ---------------------------------------------------------------------------------------------------------------
+# Resources: the only place processes, devices, ports and threads are set
 
 
 class TrainerResources(StrictModel):
-    """The trainer's ranks (one FSDP2 data-parallel group)."""
+    """The trainer's ranks (one FSDP2 data-parallel group) and its HTTP port."""
 
     nproc: int = Field(1, ge=1, le=4096, description="trainer ranks (torchrun --nproc_per_node)")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu uses gloo, cuda uses nccl")
+    device: Device = Field("cpu", description="cpu uses gloo, cuda uses nccl (same code path)")
+    torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = cores / nproc")
+    metrics_port: int = Field(0, ge=0, le=65535, description="port of /health /ready /metrics; 0 = any free")
+
+
+class RolloutResources(StrictModel):
+    """The vLLM replicas: how many, on which device, on which ports."""
+
+    replicas: int = Field(1, ge=0, le=1024, description="rollout replica processes")
+    device: Device = Field("cpu", description="device vLLM runs on (the replica refuses one its vLLM build lacks)")
+    grpc_port: int = Field(0, ge=0, le=65535, description="RolloutService gRPC port; 0 picks a free one")
+    metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics HTTP port; 0 picks a free one")
+
+
+class RewardResources(StrictModel):
+    """The reward workers: how many, on which device (reward model), on which ports."""
+
+    replicas: int = Field(1, ge=0, le=1024, description="reward worker processes")
+    device: Device = Field("cpu", description="device the reward model (reward.reward_model) runs on")
+    grpc_port: int | None = Field(0, ge=0, le=65535, description="RewardService gRPC port; 0 picks one; null = off")
+    metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics port; 0 picks a free one")
+
+
+class FeederResources(StrictModel):
+    """The prompt feeder's HTTP port (``meshrl run`` feeds from its controller instead)."""
+
+    metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics port; 0 picks a free one")
 
 
 class ServicesConfig(StrictModel):
-    """Resources, kept apart from the algorithm (STYLE.md #9)."""
+    """Resources, kept apart from the algorithm."""
 
-    rollout: ReplicaSet = Field(default_factory=ReplicaSet, description="vLLM rollout replicas")
-    reward: ReplicaSet = Field(default_factory=ReplicaSet, description="reward workers")
+    host: str = Field("127.0.0.1", min_length=1, description="address every service binds its gRPC/HTTP servers to")
     trainer: TrainerResources = Field(default_factory=TrainerResources, description="trainer ranks")
-    host: str = Field("127.0.0.1", description="address the job's services bind and meet on")
-    base_port: int = Field(0, ge=0, le=65000, description="first port of the job's range; 0 picks free ports")
+    rollout: RolloutResources = Field(default_factory=RolloutResources, description="vLLM rollout replicas")
+    reward: RewardResources = Field(default_factory=RewardResources, description="reward workers")
+    feeder: FeederResources = Field(default_factory=FeederResources, description="standalone prompt feeder")
     restart: RestartConfig = Field(default_factory=RestartConfig, description="restart policy, liveness and stall deadlines")
 
 
@@ -120,14 +178,25 @@ class AsyncConfig(StrictModel):
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
-class JobSpecBase(StrictModel):
-    """Fields every job has; :class:`JobSpec` adds the service blocks."""
+class JobSpec(StrictModel):
+    """A whole meshrl job (see docs/contracts.md and examples/quickstart.yaml)."""
 
     name: str = Field(description="job name: lowercase letters, digits and '-', at most 63 characters")
     model: ModelConfig = Field(description="the policy checkpoint")
     data: DataConfig = Field(description="prompts")
     services: ServicesConfig = Field(default_factory=ServicesConfig, description="resources")
-    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", description="staleness bounds")
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", description="staleness bound")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="generation (verl rollout.*)")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="scoring (verl reward / custom fn)")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="policy updates (verl actor.*)")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="value model (PPO/GAE only)")
+    ref: RefConfig = Field(default_factory=RefConfig, description="reference policy for KL")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages, KL, off-policy")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="training loop and checkpoints")
+    queues: QueueConfig = Field(
+        default_factory=EmbeddedQueueConfig, description="stream backend: embedded (no Redis) or redis"
+    )
+    weights: WeightChannelConfig = Field(default_factory=WeightChannelConfig, description="the weight channel")
 
     @field_validator("name")
     @classmethod
@@ -136,102 +205,52 @@ class JobSpecBase(StrictModel):
             raise ValueError("must be lowercase letters, digits and '-', start alphanumeric, at most 63 characters")
         return v
 
+    @model_validator(mode="after")
+    def _cross_block_checks(self) -> "JobSpec":
+        problems = []
+        if self.actor.ppo_mini_batch_size > self.data.train_batch_size:
+            problems.append(
+                f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}) exceeds data.train_batch_size "
+                f"({self.data.train_batch_size}); both count prompts"
+            )
+        elif self.data.train_batch_size % self.actor.ppo_mini_batch_size:
+            problems.append(
+                f"data.train_batch_size ({self.data.train_batch_size}) must be a multiple of "
+                f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size})"
+            )
+        if self.algorithm.adv_estimator in ("grpo", "rloo", "grpo_passk") and self.rollout.n < 2:
+            problems.append(f"algorithm.adv_estimator={self.algorithm.adv_estimator} needs rollout.n >= 2 (a group)")
+        if self.model.dtype == "float16":
+            problems.append(
+                "model.dtype: float16 cannot be trained (the trainer does no loss scaling); set model.dtype=bfloat16 "
+                "or float32, and rollout.dtype=float16 to generate in float16"
+            )
+        if self.reward.reward_model.enable is False and self.services.reward.device == "cuda":
+            problems.append(
+                "services.reward.device: cuda is used only by a reward model (reward.reward_model.enable=true); "
+                "the rule/function scorers run on CPU"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
-# ---------------------------------------------------------------------------------------------------------------
-# Loading, overrides and error messages
-
-
-def _parse_scalar(text: str) -> Any:
-    """``a.b=c`` right-hand sides are YAML: ``1`` -> int, ``true`` -> bool, ``[1,2]`` -> list."""
-    try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
-        return text
-
-
-def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply OmegaConf-style ``a.b.c=value`` overrides to a nested dict (in place; returned)."""
-    for item in overrides:
-        if "=" not in item:
-            raise JobSpecError(f"override {item!r}: expected KEY=VALUE with a dotted KEY, e.g. actor.optim.lr=1e-6")
-        key, _, value = item.partition("=")
-        parts = key.strip().lstrip("+").split(".")
-        if not all(parts):
-            raise JobSpecError(f"override {item!r}: empty key segment in {key!r}")
-        node = raw
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            elif not isinstance(nxt, dict):
-                raise JobSpecError(f"override {item!r}: {'.'.join(parts[: i + 1])} is a value, not a block")
-            node = nxt
-        node[parts[-1]] = _parse_scalar(value)
-    return raw
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "<job>"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            from services.config.schema_doc import unknown_key_message
-
-            msg = unknown_key_message(job_spec_class(), tuple(err["loc"]))
-        lines.append(f"  {loc}: {msg}")
-    return "invalid job spec:\n" + "\n".join(lines)
+    def resolve_paths(self, base: Path) -> None:
+        """Make the spec's input file paths absolute, relative to ``base`` (the spec's directory)."""
+        self.model.resolve_paths(base)
+        self.data.resolve_paths(base)
 
 
-def job_spec_class() -> type[StrictModel]:
-    """The full spec class (imported lazily so this module stays importable alone)."""
-    from services.config.spec import JobSpec
-
-    return JobSpec
-
-
-def parse_job(raw: dict[str, Any], overrides: Sequence[str] = ()) -> StrictModel:
+def parse_job(raw: dict[str, Any], overrides: Sequence[str] = ()) -> JobSpec:
     """Validate a raw mapping (plus overrides) into the job spec, or raise JobSpecError."""
-    if not isinstance(raw, dict):
-        raise JobSpecError(f"a job spec is a mapping at the top level, got {type(raw).__name__}")
-    raw = apply_overrides(copy.deepcopy(raw), overrides)
-    try:
-        return job_spec_class().model_validate(raw)
-    except ValidationError as exc:
-        raise JobSpecError(format_validation_error(exc)) from None
+    return validate(JobSpec, raw, overrides, what="job spec")
 
 
-def load_job(path: str | Path, overrides: Sequence[str] = ()) -> StrictModel:
-    """Read a YAML job spec, apply overrides, validate. Relative data/model paths are
-    resolved against the spec file's directory."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise JobSpecError(f"job spec {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise JobSpecError(f"{path}: not valid YAML: {exc}") from None
-    spec = parse_job(raw if raw is not None else {}, overrides)
-    return resolve_paths(spec, path.parent)
+def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
+    """Read a YAML job spec, apply overrides, validate. Relative model/data paths that exist
+    next to the spec file are resolved against its directory."""
+    return load_model(JobSpec, path, overrides, what="job spec")
 
 
-def resolve_paths(spec: Any, base: Path) -> Any:
-    """Make the spec's file paths absolute, relative to ``base`` (the spec's directory)."""
-
-    def fix(p: str) -> str:
-        q = Path(p).expanduser()
-        if q.is_absolute() or not (base / q).exists():
-            return str(q) if q.is_absolute() else p
-        return str((base / q).resolve())
-
-    spec.model.path = fix(spec.model.path)
-    if spec.model.tokenizer_path:
-        spec.model.tokenizer_path = fix(spec.model.tokenizer_path)
-    spec.data.train_files = [fix(p) for p in spec.data.train_files]
-    spec.data.val_files = [fix(p) for p in spec.data.val_files]
-    return spec
-
-
-def dump_job(spec: StrictModel) -> str:
+def dump_job(spec: JobSpec) -> str:
     """The resolved spec as YAML (aliases such as ``async`` used, defaults included)."""
-    return yaml.safe_dump(spec.model_dump(mode="json", by_alias=True), sort_keys=False)
+    return dump_model(spec)

@@ -58,7 +58,6 @@ class RewardModelConfig(StrictModel):
     )
     micro_batch_size: int = Field(16, ge=1, le=4096, description="Samples per forward pass.")
     max_length: int = Field(2048, ge=8, le=1_048_576, description="Prompt+response tokens kept (truncated on the right).")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="Where the reward model runs.")
 
     @model_validator(mode="after")
     def _path_when_enabled(self) -> "RewardModelConfig":
@@ -138,9 +137,6 @@ class RewardConfig(StrictModel):
     )
     get_batch: int = Field(8, ge=1, le=4096, description="Groups leased per get().")
     get_timeout_s: float = Field(1.0, gt=0, le=600, description="How long one get() waits for input.")
-    host: str = Field("127.0.0.1", max_length=255, description="Address the gRPC and metrics servers bind.")
-    grpc_port: int | None = Field(0, ge=0, le=65535, description="RewardService gRPC port; 0 picks one; None = off.")
-    metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics port; 0 picks a free one.")
     grpc_max_message_bytes: int = Field(
         256 << 20, ge=1 << 20, le=2_000_000_000, description="Largest gRPC Score request/response message."
     )

@@ -113,11 +113,6 @@ class RolloutConfig(SamplingConfig):
         default_factory=MultiTurnConfig, description="multi-turn trajectories with tool calls (docs/agent.md)"
     )
 
-    # --- surface ----------------------------------------------------------------------------------
-    grpc_port: int = Field(0, ge=0, le=65535, description="RolloutService gRPC port; 0 picks a free one")
-    metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics HTTP port; 0 picks a free one")
-    host: str = Field("127.0.0.1", description="address the gRPC and HTTP servers bind")
-
     @model_validator(mode="after")
     def _check(self) -> "RolloutConfig":
         if self.max_model_len is not None and self.prompt_length and self.response_length:

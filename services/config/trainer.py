@@ -2,9 +2,8 @@
 
 ``ActorConfig`` (verl ``actor_rollout_ref.actor``), ``CriticConfig`` (``critic``),
 ``RefConfig`` (``actor_rollout_ref.ref``), ``AlgorithmConfig`` (``algorithm``) and
-``TrainerConfig`` (``trainer``). ``TrainerServiceSpec`` is what ``python -m trainer_svc``
-runs from: either written directly, or cut out of a full job spec by
-:func:`trainer_spec_from_job`.
+``TrainerConfig`` (``trainer``). The trainer service runs from its view of the job
+(``services.config.views.TrainerView``), which carries these blocks unchanged.
 
 Batch sizes follow verl: ``ppo_mini_batch_size`` counts *prompts* (it is multiplied by
 ``rollout_n`` and divided by the data-parallel world size on each rank);
@@ -14,13 +13,11 @@ Imports only pydantic.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from services.config.base import StrictModel
-from services.config.queues import QueueConfig
-from services.config.weights import WeightChannelConfig
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "k1+", "k2+", "k3+", "low_var_kl+"]
@@ -120,7 +117,6 @@ class ActorConfig(StrictModel):
     entropy_coeff: float = Field(0.0, ge=-10.0, le=10.0, description="weight of the entropy bonus (subtracted)")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="max global gradient L2 norm")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer and lr schedule")
-    temperature: float = Field(1.0, gt=0, le=100.0, description="sampling temperature logits are divided by")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig, description="FSDP2 wrapping options")
     checkpoint: ActorCheckpointConfig = Field(
@@ -216,109 +212,13 @@ class TrainerConfig(StrictModel):
         description="validate every N steps (and after the last) on data.val_files with rollout.val_kwargs; -1 = never",
     )
     val_before_train: bool = Field(True, description="validate the starting policy before the first step (needs val_files)")
-    nproc: int = Field(1, ge=1, le=4096, description="data-parallel ranks the service starts")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu uses gloo, cuda uses nccl (same code path)")
     collective_timeout_s: float = Field(300.0, gt=0, le=86_400, description="deadline of every collective")
     batch_wait_timeout_s: float = Field(
         3600.0, gt=0, le=1e7, description="how long intake waits for a full batch before reporting a timeout"
     )
-    metrics_host: str = Field("127.0.0.1", description="address of /health /ready /metrics")
-    metrics_port: int = Field(0, ge=0, le=65535, description="port of /health /ready /metrics; 0 = any free")
     metrics_file: str | None = Field(
         None, description="append one JSON line per committed step (step, version, applied, metrics) to this file"
     )
-    torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = cores / nproc")
     stop_on_nonfinite: int = Field(
         10, ge=1, le=1_000_000, description="abort after this many consecutive steps skipped for a NaN/inf loss"
     )
-
-
-class SyntheticSourceConfig(StrictModel):
-    """Deterministic synthetic experience (used when no queue is configured)."""
-
-    prompt_len: int = Field(16, ge=1, le=65536, description="padded prompt length, tokens")
-    response_len: int = Field(16, ge=1, le=65536, description="padded response length, tokens")
-    seed: int = Field(0, ge=0, description="seed of the batch contents (batch k uses seed and k)")
-
-
-class TrainerServiceSpec(StrictModel):
-    """Everything ``python -m trainer_svc`` needs."""
-
-    model_path: str = Field(description="HuggingFace model directory the policy (and reference) load from")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="parameter dtype")
-    train_batch_size: int = Field(ge=1, description="prompts (groups) per training step (verl data.train_batch_size)")
-    rollout_n: int = Field(1, ge=1, le=65536, description="samples per prompt (verl rollout.n)")
-    max_staleness: int = Field(1, ge=0, le=1000, description="drop samples older than current_version - this")
-    actor: ActorConfig = Field(default_factory=ActorConfig, description="policy")
-    critic: CriticConfig = Field(default_factory=CriticConfig, description="value model")
-    ref: RefConfig = Field(default_factory=RefConfig, description="reference policy")
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantages and KL")
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="loop, checkpoints, ranks")
-    queue: QueueConfig | None = Field(
-        None, description="queue backend of the experience stream; None = synthetic batches (smoke runs, benchmarks)"
-    )
-    weights: WeightChannelConfig | None = Field(
-        None, description="weight channel the new versions are published on; None = do not publish"
-    )
-    synthetic: SyntheticSourceConfig = Field(
-        default_factory=lambda: SyntheticSourceConfig(), description="shape of synthetic batches when queue is None"
-    )
-
-    @model_validator(mode="after")
-    def _sizes_ok(self) -> "TrainerServiceSpec":
-        if self.actor.ppo_mini_batch_size > self.train_batch_size:
-            raise ValueError(
-                f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size}) exceeds train_batch_size "
-                f"({self.train_batch_size})"
-            )
-        if self.train_batch_size % self.actor.ppo_mini_batch_size:
-            raise ValueError("train_batch_size must be a multiple of actor.ppo_mini_batch_size")
-        return self
-
-    @property
-    def use_critic(self) -> bool:
-        if self.critic.enable is not None:
-            return self.critic.enable
-        return self.algorithm.adv_estimator == "gae"
-
-    @property
-    def use_ref(self) -> bool:
-        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward
-
-
-def trainer_spec_from_job(job: Any) -> TrainerServiceSpec:
-    """Cut the trainer's view out of a full job spec (``services.config.spec.JobSpec``).
-
-    Reads ``model.path``/``model.dtype``, ``data.train_batch_size``, ``rollout.n``,
-    ``async.max_staleness``, ``actor``, ``critic``, ``ref``, ``algorithm``, ``trainer``,
-    ``queues`` and ``weights`` where the job has them.
-    """
-
-    def dump(obj: Any) -> Any:
-        return obj.model_dump(mode="json", by_alias=True) if hasattr(obj, "model_dump") else obj
-
-    raw: dict[str, Any] = {
-        "model_path": job.model.path,
-        "dtype": "bfloat16" if getattr(job.model, "dtype", "float32") == "bfloat16" else "float32",
-        "train_batch_size": job.data.train_batch_size,
-    }
-    rollout = getattr(job, "rollout", None)
-    if rollout is not None and hasattr(rollout, "n"):
-        raw["rollout_n"] = rollout.n
-    asyn = getattr(job, "async_", None)
-    if asyn is not None:
-        raw["max_staleness"] = asyn.max_staleness
-    for key in ("actor", "critic", "ref", "algorithm", "trainer"):
-        block = getattr(job, key, None)
-        if block is not None:
-            raw[key] = dump(block)
-    services = getattr(job, "services", None)
-    if services is not None and hasattr(services, "trainer"):
-        raw.setdefault("trainer", {})
-        raw["trainer"]["nproc"] = services.trainer.nproc
-        raw["trainer"]["device"] = services.trainer.device
-    for key, attr in (("queue", "queues"), ("queue", "queue"), ("weights", "weights")):
-        block = getattr(job, attr, None)
-        if block is not None and key not in raw:
-            raw[key] = dump(block)
-    return TrainerServiceSpec.model_validate(raw)

@@ -1,10 +1,13 @@
 """The job controller behind ``meshrl run``: one job on this machine.
 
-It hosts the embedded queue broker (when ``queues.type == "embedded"``), writes one
-resolved config per service, starts the trainer, the reward workers and the rollout
-replicas as child processes, feeds prompts with admission control, and supervises them
-with the restart policy of :mod:`services.launch.supervision` (``services.restart``): a
-crashed or silent service is restarted with backoff while the rest keeps running, the
+It hosts the embedded queue broker (when ``queues.type == "embedded"``), cuts one view
+per service out of the job and writes it to ``<run_dir>/config/<name>.yaml``
+(:mod:`services.config.views`), starts the trainer, the reward workers and the rollout
+replicas as child processes on those files (each announces readiness with one
+``MESHRL_READY`` line, :mod:`services.readiness`), feeds prompts with admission control,
+and supervises them with the restart policy of :mod:`services.launch.supervision`
+(``services.restart``): a crashed or silent service is restarted with backoff while the
+rest keeps running, the
 job fails only when a service exhausts its budget or the job stalls past its deadline
 (saying which and why). SIGTERM / Ctrl-C stops every service at once (the trainer acks
 and checkpoints the step in progress); the trainer finishing ``trainer.total_steps``
@@ -29,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from services import auth
 from services.config.job import dump_job
+from services.config.views import derive_views, write_view
 from services.launch.ledger import Ledger, audit
 from services.launch.procs import (ServiceFailed, ServiceProcess, become_subreaper, http_get, kill_adopted,
                                    log_tail, python_module_argv)
@@ -116,60 +118,50 @@ class JobController:
 
     # ------------------------------------------------------------------ config files
 
-    def _resolved_configs(self) -> dict[str, Path]:
-        """Pick concrete ports and write ``configs/<service>.yaml`` for every child."""
-        spec, host = self.spec, self.spec.services.host
-        base = json.loads(json.dumps(spec.model_dump(mode="json", by_alias=True)))
-        if base["queues"]["type"] == "embedded":
-            base["queues"]["address"] = f"{host}:{self.broker_port}"
-        base["weights"]["host"] = host
+    def _views(self) -> dict[str, Path]:
+        """Fix what only this run knows (broker address, weight-channel ports, run-dir paths),
+        cut the services' views out of the job once, and write each child's view to
+        ``<run_dir>/config/<name>.yaml``: that file is the child's whole config."""
+        job = self.spec.model_copy(deep=True)
+        host = job.services.host
+        if job.queues.type == "embedded":
+            job.queues = job.queues.model_copy(update={"address": f"{host}:{self.broker_port}"})
         # A local job owns its ports: fixed defaults (meant for one service per container)
         # would let two jobs on one machine collide.
-        base["weights"]["control_port"] = free_port(host)
-        base["weights"]["rendezvous_port"] = free_port(host)
-        if not base["weights"].get("snapshot_dir"):
-            base["weights"]["snapshot_dir"] = str(self.run_dir / "snapshots")
-        base["trainer"]["default_local_dir"] = str(self.run_dir / base["trainer"]["default_local_dir"])
-        cfg_dir = self.run_dir / "configs"
-        cfg_dir.mkdir(parents=True, exist_ok=True)
-        out: dict[str, Path] = {}
-
-        def write(name: str, raw: dict) -> None:
-            path = cfg_dir / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(raw, sort_keys=False))
-            out[name] = path
-
-        t = json.loads(json.dumps(base))
-        t["trainer"]["metrics_host"], t["trainer"]["metrics_port"] = host, free_port(host)
-        t["trainer"]["metrics_file"] = str(self.history.metrics_file)
-        write("trainer", t)
-        for i in range(spec.services.reward.replicas):
-            r = json.loads(json.dumps(base))
-            r["reward"]["host"], r["reward"]["metrics_port"] = host, free_port(host)
-            write(f"reward-{i}", r)
-        for i in range(spec.services.rollout.replicas):
-            r = json.loads(json.dumps(base))
-            r["rollout"]["host"], r["rollout"]["metrics_port"] = host, free_port(host)
-            write(f"rollout-{i}", r)
+        job.weights = job.weights.model_copy(update={
+            "host": host, "control_port": free_port(host), "rendezvous_port": free_port(host),
+            "snapshot_dir": job.weights.snapshot_dir or str(self.run_dir / "snapshots"),
+        })  # fmt: skip
+        job.trainer.default_local_dir = str(self.run_dir / job.trainer.default_local_dir)
+        job.trainer.metrics_file = str(self.history.metrics_file)
+        # Fixed metrics ports: a restarted service comes back where the supervisor looks.
+        sv = job.services
+        sv.trainer.metrics_port = sv.trainer.metrics_port or free_port(host)
+        views = derive_views(job)
+        self.views = views
+        cfg_dir = self.run_dir / "config"
+        out = {"trainer": write_view(views["trainer"], cfg_dir / "trainer.yaml")}
+        write_view(views["feeder"], cfg_dir / "feeder.yaml")  # the feeder runs in this process
+        for kind, count in (("reward", job.services.reward.replicas), ("rollout", job.services.rollout.replicas)):
+            view = views[kind]
+            for i in range(count):
+                res = view.resources
+                # several replicas on one host: fixed ports become consecutive ranges
+                ports = {k: getattr(res, k) + i for k in ("grpc_port", "metrics_port") if getattr(res, k)}
+                ports.setdefault("metrics_port", free_port(host))
+                one = view.model_copy(update={"resources": res.model_copy(update=ports)})
+                out[f"{kind}-{i}"] = write_view(one, cfg_dir / f"{kind}-{i}.yaml")
         (self.run_dir / "job.yaml").write_text(dump_job(self.spec))
         return out
 
     def _service(self, name: str, cfg: Path) -> ServiceProcess:
-        raw = yaml.safe_load(cfg.read_text())
-        host = self.spec.services.host
         env = {"OMP_NUM_THREADS": "1", "MESHRL_RUN_DIR": str(self.run_dir), auth.ENV: str(self.credential_file)}
-        if name == "trainer":
-            argv = python_module_argv("trainer_svc", "--config", str(cfg))
-            port = raw["trainer"]["metrics_port"]
-        elif name.startswith("reward"):
-            argv = python_module_argv("reward_svc", "--config", str(cfg), "--consumer", name)
-            port = raw["reward"]["metrics_port"]
-        else:
-            argv = python_module_argv("rollout_svc", "--config", str(cfg), "--name", name)
-            port = raw["rollout"]["metrics_port"]
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(max(1, raw["rollout"].get("kv_cache_space_gib") or 1)))
-        return ServiceProcess(name, argv, self.run_dir / "logs" / f"{name}.log",
-                              ready_url=f"http://{host}:{port}/ready", env=env)
+        module = {"trainer": "trainer_svc", "reward": "reward_svc", "rollout": "rollout_svc"}[name.split("-")[0]]
+        if module == "rollout_svc":
+            kv = self.views["rollout"].rollout.kv_cache_space_gib
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(max(1, kv or 1)))
+        argv = python_module_argv(module, "--config", str(cfg), "--id", name)
+        return ServiceProcess(name, argv, self.run_dir / "logs" / f"{name}.log", env=env)
 
     # ------------------------------------------------------------------ main
 
@@ -209,7 +201,7 @@ class JobController:
                                                                          self.credential).start)
         server = self._start_metrics()
         try:
-            configs = self._resolved_configs()
+            configs = self._views()
             self.state = "starting"
             self._write_status()
             self.procs = [self._service(n, p) for n, p in configs.items()]
@@ -440,8 +432,8 @@ class JobController:
 
     async def _heartbeats(self) -> None:
         """Probe every running service's /health; kill those silent past the deadline."""
-        live = [p for p in self.procs if p.name not in self._restarting and p.returncode is None and p.ready_url]
-        oks = await asyncio.gather(*(asyncio.to_thread(http_get, p.ready_url.rsplit("/", 1)[0] + "/health", 1.0)
+        live = [p for p in self.procs if p.name not in self._restarting and p.returncode is None and p.ready]
+        oks = await asyncio.gather(*(asyncio.to_thread(http_get, p.url("metrics") + "/health", 1.0)
                                      for p in live))
         now = time.monotonic()
         self._silent = []
@@ -484,8 +476,8 @@ class JobController:
 
     async def _observe(self, bar) -> None:
         """Scrape every service into the ledger and the step history."""
-        live = [p for p in self.procs if p.name not in self._restarting and p.returncode is None and p.ready_url]
-        urls = {p.name: p.ready_url.rsplit("/", 1)[0] + "/metrics" for p in live}
+        live = [p for p in self.procs if p.name not in self._restarting and p.returncode is None and p.ready]
+        urls = {p.name: p.url("metrics") + "/metrics" for p in live}
         scrapes = await asyncio.gather(*(asyncio.to_thread(scrape, u) for u in urls.values()))
         self._scrapes = {}
         for name, got in zip(urls, scrapes):
@@ -540,7 +532,7 @@ class JobController:
     def _make_feeder(self, queue):
         from services.launch.feeder import build_feeder
 
-        return build_feeder(self.spec, queue, log=self._log, state_path=self.run_dir / "feeder.json")
+        return build_feeder(self.views["feeder"], queue, log=self._log, state_path=self.run_dir / "feeder.json")
 
     # ------------------------------------------------------------------ helpers
 

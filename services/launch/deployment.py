@@ -3,13 +3,15 @@ launcher and the ``meshrl worker`` loop each service container runs.
 
 A deployment runs one long-lived container per service (trainer, rollout replicas, reward
 workers, feeder). None of them is tied to a job: each runs ``meshrl worker --role ROLE -- CMD``,
-which waits for the deployment's current job, runs ``CMD`` for it (``{spec}`` and
-``{run_dir}`` in CMD are replaced by the job's files, ``{name}`` by the worker's name) and
+which waits for the deployment's current job, runs ``CMD`` for it (``{view}`` in CMD is
+replaced by the role's view of the job, ``RUN_DIR/config/<role>.yaml``; ``{spec}`` and
+``{run_dir}`` by the job's files, ``{name}`` by the worker's name) and
 goes back to waiting when the job ends. The gateway never starts a process of a job itself; it only writes files on the
 storage the whole deployment shares (``RUNS_DIR``):
 
     RUNS_DIR/current-job.json           {"job_id", "run_dir"}: the job the workers run now
     RUN_DIR/spec.yaml                   the submitted spec + the deployment's wiring
+    RUN_DIR/config/<service>.yaml       each service's view of it (its whole config: {view})
     RUN_DIR/job.credential              the job's credential (0600) -- unless the deployment
                                         gives every container one from a secret
     RUN_DIR/control.json                {"paused": bool}         (gateway -> workers)
@@ -44,6 +46,7 @@ from services.launch.base import JobState, JobStatus, LaunchError, Launcher
 
 CURRENT = "current-job.json"
 SPEC = "spec.yaml"
+VIEWS = "config"  # RUN_DIR/config/<service>.yaml: the services' views of the job
 CONTROL = "control.json"
 FINISHED = "finished.json"
 WORKERS = "workers"
@@ -135,6 +138,9 @@ class DeploymentLauncher(Launcher):
         run_dir.mkdir(parents=True, exist_ok=True)
         if spec.queues.type == "redis":
             self._empty_redis(spec.queues)
+        from services.config.views import derive_views, write_views
+
+        write_views(derive_views(spec), run_dir / VIEWS)  # each service's whole config: {view} of its worker
         (run_dir / SPEC).write_text(dump_job(spec))
         if not os.environ.get(auth.ENV):  # no deployment-wide secret: one for this job only
             auth.JobCredential.generate().write(run_dir / auth.FILE_NAME)
@@ -268,8 +274,9 @@ class Worker:
 
         self._done.add(str(run_dir))
         self._idle(False, job_id)
-        argv = [a.replace("{spec}", str(run_dir / SPEC)).replace("{run_dir}", str(run_dir)).replace("{name}", self.name)
-                for a in self.command]
+        view = run_dir / VIEWS / f"{self.role}.yaml"
+        argv = [a.replace("{view}", str(view)).replace("{spec}", str(run_dir / SPEC)).replace("{run_dir}", str(run_dir))
+                .replace("{name}", self.name) for a in self.command]
         env = dict(os.environ, MESHRL_RUN_DIR=str(run_dir), MESHRL_JOB_ID=job_id, PYTHONUNBUFFERED="1")
         if (run_dir / auth.FILE_NAME).exists():
             env[auth.ENV] = str(run_dir / auth.FILE_NAME)
@@ -323,4 +330,5 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-file", default="/tmp/meshrl-worker.state",
                    help="'idle' or 'running JOB' for the container's health check")
     p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="-- then the service's command; {spec} and {run_dir} name the job's files, {name} this worker")
+                   help="-- then the service's command; {view} is the role's view of the job (RUN_DIR/config/ROLE.yaml), "
+                   "{spec} and {run_dir} name the job's files, {name} this worker")

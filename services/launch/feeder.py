@@ -154,23 +154,21 @@ class PromptFeeder:
         return put
 
 
-def build_feeder(spec, queue, *, log=print, state_path: str | Path | None = None) -> PromptFeeder:
-    """The feeder of job ``spec`` (a JobSpec) on ``queue``: the training files through
-    :class:`~services.data.prompts.PromptDataset` with the job's tokenizer, admission limit
-    ``(async.max_staleness + 1) * data.train_batch_size`` prompts (one batch, paced by the
-    replicas' served version, with ``async.mode=sync``)."""
+def build_feeder(view, queue, *, log=print, state_path: str | Path | None = None) -> PromptFeeder:
+    """The feeder of ``view`` (a :class:`~services.config.views.FeederView`) on ``queue``: the
+    training files through :class:`~services.data.prompts.PromptDataset` with the job's
+    tokenizer, admission limit ``(async.max_staleness + 1) * data.train_batch_size`` prompts
+    (one batch, paced by the replicas' served version, with ``async.mode=sync``)."""
     from transformers import AutoTokenizer
 
     from services.data.prompts import PromptDataset
 
-    tok = AutoTokenizer.from_pretrained(spec.model.tokenizer_path or spec.model.path,
-                                        trust_remote_code=spec.model.trust_remote_code)
-    ds = PromptDataset(spec.data.train_files, tok, max_prompt_length=spec.data.max_prompt_length,
-                       truncation=spec.data.truncation, filter_overlong_prompts=spec.data.filter_overlong_prompts,
-                       prompt_key=spec.data.prompt_key, chat_template=spec.data.chat_template)
+    tok = AutoTokenizer.from_pretrained(view.model.tokenizer, trust_remote_code=view.model.trust_remote_code)
+    d = view.data
+    ds = PromptDataset(d.train_files, tok, max_prompt_length=d.max_prompt_length, truncation=d.truncation,
+                       filter_overlong_prompts=d.filter_overlong_prompts, prompt_key=d.prompt_key,
+                       chat_template=d.chat_template)
     if ds.num_filtered:
-        log(f"filtered {ds.num_filtered} over-long prompts (data.max_prompt_length={spec.data.max_prompt_length})")
-    in_flight = (spec.async_.max_staleness + 1) * spec.data.train_batch_size
-    return PromptFeeder(ds, queue, n=spec.rollout.n, max_in_flight=in_flight, shuffle=spec.data.shuffle,
-                        seed=spec.data.seed, job=spec.name, state_path=state_path,
-                        sync=spec.async_.mode == "sync")
+        log(f"filtered {ds.num_filtered} over-long prompts (data.max_prompt_length={d.max_prompt_length})")
+    return PromptFeeder(ds, queue, n=view.rollout.n, max_in_flight=view.max_in_flight, shuffle=d.shuffle,
+                        seed=d.seed, job=view.name, state_path=state_path, sync=view.async_.mode == "sync")

@@ -1,9 +1,9 @@
 """Child processes of a local job: start, wait until ready, watch, stop.
 
-Each service runs as ``<python> -m <module> --config <resolved.yaml> ...`` with its output
-in ``<run_dir>/logs/<name>.log``. Readiness is the service's own ``/ready`` endpoint
-(STYLE.md #10), polled with a deadline; a child that dies while we wait fails at once with
-the tail of its log. Stopping is SIGTERM, then SIGKILL after a grace period; only the
+Each service runs as ``<python> -m <module> --config <view.yaml> --id <name>`` with its
+output in ``<run_dir>/logs/<name>.log``. Readiness is the service's one ``MESHRL_READY``
+line (:mod:`services.readiness`), read from that log with a deadline; a child that dies
+while we wait fails at once with the tail of its log. Stopping is SIGTERM, then SIGKILL after a grace period; only the
 processes started here are ever signalled.
 """
 
@@ -14,13 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.net import terminate_then_kill
+from services.readiness import NotReady, Ready, wait_for_ready_in_log
 
 
 class ServiceFailed(RuntimeError):
@@ -51,20 +51,23 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
 
 @dataclass
 class ServiceProcess:
-    """One child service. ``ready_url`` is its ``/ready`` endpoint."""
+    """One child service; ``ready`` is its readiness announcement once :meth:`wait_ready` returned."""
 
     name: str
     argv: list[str]
     log_path: Path
-    ready_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     kill_reason: str = ""  # why the supervisor killed it (stuck), shown with its exit
+    ready: Ready | None = None
+    log_offset: int = 0  # where this start's output begins in the (appended) log
 
     def start(self) -> "ServiceProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        self.ready = None
         with open(self.log_path, "ab") as log:
+            self.log_offset = log.tell()
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
             )
@@ -77,24 +80,22 @@ class ServiceProcess:
     def failure(self) -> str:
         return f"{self.name} exited with code {self.returncode}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
 
-    def wait_ready(self, timeout: float, should_stop=lambda: False) -> None:
-        """Block until ``/ready`` answers 200 (or ``should_stop()``); raise ServiceFailed if
-        the child exits or the deadline passes."""
-        if self.ready_url is None:
-            return
-        deadline = time.monotonic() + timeout
-        while not should_stop():
-            if self.returncode is not None:
-                raise ServiceFailed(self.failure())
-            status, _ = http_get(self.ready_url, timeout=1.0)
-            if status == 200:
-                return
-            if time.monotonic() > deadline:
-                raise ServiceFailed(
-                    f"{self.name} was not ready within {timeout:.0f}s ({self.ready_url}); "
-                    f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-                )
-            time.sleep(0.25)
+    def wait_ready(self, timeout: float, should_stop=lambda: False) -> Ready | None:
+        """Block until the child announces readiness (None if ``should_stop()`` first);
+        ServiceFailed if it exits or the deadline passes. Only lines written since the
+        latest :meth:`start` count (a restarted service announces again)."""
+        try:
+            self.ready = wait_for_ready_in_log(self.proc, self.log_path, timeout, offset=self.log_offset,
+                                               should_stop=should_stop)
+        except NotReady as exc:
+            raise ServiceFailed(f"{self.name} {exc}") from None
+        return self.ready
+
+    def url(self, endpoint: str = "metrics") -> str:
+        """``http://host:port`` of an announced endpoint (after :meth:`wait_ready`)."""
+        if self.ready is None:
+            raise RuntimeError(f"{self.name} has not announced readiness")
+        return f"http://{self.ready.address(endpoint)}"
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:

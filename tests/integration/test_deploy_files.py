@@ -45,11 +45,12 @@ def k8s_docs() -> list[dict]:
     return docs
 
 
-def k8s_containers() -> list[dict]:
+def k8s_containers(init: bool = False) -> list[dict]:
     out = []
     for d in k8s_docs():
         if d["kind"] in ("Deployment", "Job"):
-            out += d["spec"]["template"]["spec"]["containers"]
+            pod = d["spec"]["template"]["spec"]
+            out += pod["containers"] + (pod.get("initContainers", []) if init else [])
     return out
 
 
@@ -204,7 +205,7 @@ def _commands() -> list[list[str]]:
         cmd = svc.get("command")
         if isinstance(cmd, list):
             cmds.append(cmd)
-    for c in k8s_containers():
+    for c in k8s_containers(init=True):
         cmds.append([*c.get("command", []), *c.get("args", [])])
     return cmds
 
@@ -249,24 +250,28 @@ def test_ports_match_the_job_config_and_the_code():
     assert gateway_cli.DEFAULT_HTTP_PORT == server.DEFAULT_HTTP_PORT == 8600
     assert gateway_cli.DEFAULT_GRPC_PORT == server.DEFAULT_GRPC_PORT == 8601
     for job in (compose_job(), k8s_job()):
+        sv = job.services
         ports = {
-            "rollout": {job.rollout.metrics_port, job.rollout.grpc_port},
-            "reward": {job.reward.metrics_port, job.reward.grpc_port},
-            "trainer": {job.trainer.metrics_port, job.weights.control_port, job.weights.rendezvous_port},
+            "rollout": {sv.rollout.metrics_port, sv.rollout.grpc_port},
+            "reward": {sv.reward.metrics_port, sv.reward.grpc_port},
+            "trainer": {sv.trainer.metrics_port, job.weights.control_port, job.weights.rendezvous_port},
+            "feeder": {sv.feeder.metrics_port},
         }
         assert all(p for s in ports.values() for p in s), "deployment job configs must fix every port"
-        for host in (job.rollout.host, job.reward.host, job.trainer.metrics_host):
-            assert host == "0.0.0.0", "services must bind every address inside a container"
+        assert sv.host == "0.0.0.0", "services must bind every address inside a container"
     job = compose_job()
+    sv = job.services
     services = compose()["services"]
-    for name, want in {"rollout": {job.rollout.metrics_port, job.rollout.grpc_port},
-                       "reward": {job.reward.metrics_port, job.reward.grpc_port},
-                       "trainer": {job.trainer.metrics_port, job.weights.control_port, job.weights.rendezvous_port},
+    for name, want in {"rollout": {sv.rollout.metrics_port, sv.rollout.grpc_port},
+                       "reward": {sv.reward.metrics_port, sv.reward.grpc_port},
+                       "trainer": {sv.trainer.metrics_port, job.weights.control_port, job.weights.rendezvous_port},
+                       "feeder": {sv.feeder.metrics_port},
                        }.items():  # fmt: skip
         assert {int(p) for p in services[name]["expose"]} == want, name
     hc = {n: " ".join(s["healthcheck"]["test"]) for n, s in services.items() if "healthcheck" in s}
-    assert f":{job.rollout.metrics_port}/" in hc["rollout"] and f":{job.reward.metrics_port}/" in hc["reward"]
-    assert f":{job.trainer.metrics_port}/" in hc["trainer"] and ":8600/" in hc["gateway"]
+    assert f":{sv.rollout.metrics_port}/" in hc["rollout"] and f":{sv.reward.metrics_port}/" in hc["reward"]
+    assert f":{sv.trainer.metrics_port}/" in hc["trainer"] and ":8600/" in hc["gateway"]
+    assert f":{sv.feeder.metrics_port}/" in hc["feeder"]
     assert services["gateway"]["ports"] == ["8600:8600", "8601:8601"]
     # Prometheus scrapes the same ports.
     prom = yaml.safe_load((PROM / "prometheus.yml").read_text())
@@ -276,20 +281,21 @@ def test_ports_match_the_job_config_and_the_code():
             targets[sc["job_name"]] = {int(t.rsplit(":", 1)[1]) for t in st["targets"]}
         for dns in sc.get("dns_sd_configs", []):
             targets[sc["job_name"]] = {dns["port"]}
-    assert targets == {"meshrl-gateway": {8600}, "meshrl-trainer": {job.trainer.metrics_port},
-                       "meshrl-rollout": {job.rollout.metrics_port}, "meshrl-reward": {job.reward.metrics_port},
-                       "meshrl-feeder": {9104}}  # fmt: skip
+    assert targets == {"meshrl-gateway": {8600}, "meshrl-trainer": {sv.trainer.metrics_port},
+                       "meshrl-rollout": {sv.rollout.metrics_port}, "meshrl-reward": {sv.reward.metrics_port},
+                       "meshrl-feeder": {sv.feeder.metrics_port}}  # fmt: skip
     # The image exposes every one of them.
     exposed = {int(p) for line in DOCKERFILE.read_text().splitlines() if line.startswith("EXPOSE") for p in line.split()[1:]}
-    assert set().union(*targets.values(), {8601, job.rollout.grpc_port, job.reward.grpc_port,
+    assert set().union(*targets.values(), {8601, sv.rollout.grpc_port, sv.reward.grpc_port,
                                            job.weights.control_port, job.weights.rendezvous_port}) <= exposed  # fmt: skip
     # Kubernetes containerPorts equal the ConfigMap job's ports.
     kjob = k8s_job()
+    ks = kjob.services
     by_name = {c["name"]: {p["containerPort"] for p in c.get("ports", [])} for c in k8s_containers()}
-    assert by_name["rollout"] == {kjob.rollout.metrics_port, kjob.rollout.grpc_port}
-    assert by_name["reward"] == {kjob.reward.metrics_port, kjob.reward.grpc_port}
-    assert by_name["trainer"] == {kjob.trainer.metrics_port, kjob.weights.control_port, kjob.weights.rendezvous_port}
-    assert by_name["gateway"] == {8600, 8601} and by_name["feeder"] == {9104}
+    assert by_name["rollout"] == {ks.rollout.metrics_port, ks.rollout.grpc_port}
+    assert by_name["reward"] == {ks.reward.metrics_port, ks.reward.grpc_port}
+    assert by_name["trainer"] == {ks.trainer.metrics_port, kjob.weights.control_port, kjob.weights.rendezvous_port}
+    assert by_name["gateway"] == {8600, 8601} and by_name["feeder"] == {ks.feeder.metrics_port}
 
 
 def test_env_vars_images_and_files_exist():

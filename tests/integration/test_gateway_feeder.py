@@ -14,8 +14,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter
 
+from services.cli import main as cli_main
 from services.metrics.server import MetricsServer
-from services.net import free_port, wait_for_port
+from services.readiness import OutputWatcher
 from tests.integration.gateway_support import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(180)]
@@ -50,15 +51,16 @@ def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
     registry = CollectorRegistry()
     samples = Counter("meshrl_trainer_samples", "stand-in trainer: samples trained on", registry=registry)
     trainer = MetricsServer(registry, port=0).start()
-    port = free_port()
+    assert cli_main(["views", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "views"),
+                     f"services.trainer.metrics_port={trainer.port}"]) == 0
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.launch.feeder_process", "--config", str(tmp_path / "job.yaml"),
-         "--trainer-metrics", f"http://127.0.0.1:{trainer.port}/metrics", "--metrics-host", "127.0.0.1",
-         "--metrics-port", str(port), "--poll", "0.1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "services.launch.feeder_process", "--config", str(tmp_path / "views" / "feeder.yaml"),
+         "--poll", "0.1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    output = OutputWatcher(proc)
     try:
-        wait_for_port("127.0.0.1", port, timeout=60, proc=proc)
+        port = output.wait(60).port("metrics")
         wait_until(lambda: _fed(port) == 8, timeout=60, what="the first 8 prompts")
         for _ in range(5):  # nothing finished: it must not feed more
             assert _fed(port) == 8
@@ -69,10 +71,10 @@ def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
     finally:
         proc.terminate()
         try:
-            out = proc.communicate(timeout=20)[0].decode(errors="replace")
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out = proc.communicate(timeout=10)[0].decode(errors="replace")
+            proc.wait(timeout=10)
         trainer.stop()
-    assert proc.returncode == 0, out[-2000:]
-    assert "feeder ready" in out
+    assert proc.returncode == 0, output.text(40)
+    assert output.ready is not None and output.ready.service == "feeder"

@@ -70,8 +70,11 @@ async def test_service_loads_the_reward_model_before_ready(rm_dir, tiny_model):
     from reward_svc.server import RewardServer
     from services import wire
 
-    cfg = RewardConfig(reward_model={"enable": True, "path": rm_dir}, grpc_port=None)
-    server = await RewardServer(cfg, load_decoder(tiny_model)).start()
+    from services.config.views import RewardProcess
+
+    cfg = RewardConfig(reward_model={"enable": True, "path": rm_dir})
+    server = await RewardServer(cfg, load_decoder(tiny_model), resources=RewardProcess(grpc_port=None, device="cpu")).start()
+    assert str(next(server.manager.rm.model.parameters()).device) == "cpu"
     try:
         assert server.manager.rm is not None
         g = make_group(tiny_model, ["a", "b"], ["x", "y"])
@@ -83,3 +86,38 @@ async def test_service_loads_the_reward_model_before_ready(rm_dir, tiny_model):
         assert rep.error_kinds == [None, None]
     finally:
         await server.stop()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_reward_device_reaches_the_process(rm_dir, tiny_model, tmp_path):
+    """services.reward.device goes through the reward view into the process that loads the
+    reward model: cpu runs it on CPU, cuda on a machine without CUDA is refused naming the key."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from services.config.job import parse_job
+    from services.config.views import derive_view
+    from services.readiness import OutputWatcher
+
+    job = {"name": "rm", "model": {"path": tiny_model}, "data": {"train_files": "x.parquet", "train_batch_size": 2},
+           "actor": {"ppo_mini_batch_size": 2}, "reward": {"reward_model": {"enable": True, "path": rm_dir}},
+           "services": {"reward": {"grpc_port": None}}}
+    for device in ("cpu", "cuda"):
+        view = derive_view(parse_job(job, [f"services.reward.device={device}"]), "reward")
+        path = tmp_path / f"reward-{device}.yaml"
+        path.write_text(yaml.safe_dump(view.model_dump(mode="json", by_alias=True)))
+        proc = subprocess.Popen([sys.executable, "-m", "reward_svc", "--config", str(path), "--no-queue"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out = OutputWatcher(proc)
+        try:
+            if device == "cpu":
+                ready = out.wait(240)
+                assert ready.info["device"] == "cpu"
+            else:
+                assert proc.wait(240) == 2
+                assert "services.reward.device" in out.text() and "no CUDA device" in out.text()
+        finally:
+            proc.terminate()
+            proc.wait(30)

@@ -19,9 +19,13 @@ from reward_svc.server import RewardServer
 from services import wire
 from services.config.queues import RedisQueueConfig
 from services.config.reward import RewardConfig
+from services.config.views import RewardProcess
 from services.queues import make_queue
 from services import auth
+from services.readiness import OutputWatcher
 from tests.unit.reward_common import last_valid_index, make_group, write_tokenizer
+
+NO_GRPC = RewardProcess(grpc_port=None)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,8 +140,8 @@ async def test_validation_groups_go_to_the_validation_stream(redis_server, tok_d
 async def test_input_acked_only_after_output_put(redis_server, tok_dir):
     """A full output stream: the put fails, the input stays leased, and is scored later."""
     qcfg = RedisQueueConfig(url=redis_server.url, namespace="rw2", max_depth=1, put_timeout_s=0.3, lease_idle_s=0.5)
-    cfg = RewardConfig(get_timeout_s=0.2, grpc_port=None)
-    server = await RewardServer(cfg, load_decoder(tok_dir), queue_cfg=qcfg, consumer="r0").start()
+    cfg = RewardConfig(get_timeout_s=0.2)
+    server = await RewardServer(cfg, load_decoder(tok_dir), queue_cfg=qcfg, consumer="r0", resources=NO_GRPC).start()
     producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
     trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="trainer-0")
     try:
@@ -219,16 +223,17 @@ async def test_cli_service_process(redis_server, tok_dir, tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reward_svc", "--config", str(path), "--consumer", "cli-0", "reward.grpc_port=null"],
+        [sys.executable, "-m", "reward_svc", "--config", str(path), "--id", "cli-0", "resources.grpc_port=null"],
         stdout=subprocess.PIPE, text=True, env=env,
     )
+    output = OutputWatcher(proc)
     qcfg = RedisQueueConfig(url=redis_server.url, namespace="rwcli")
     producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
     trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="trainer-0")
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
-        assert line.startswith("reward ready grpc=off metrics="), line
-        port = int(line.strip().rsplit(":", 1)[1])
+        ready = await asyncio.to_thread(output.wait, 60)
+        assert (ready.service, ready.id, sorted(ready.addresses)) == ("reward", "cli-0", ["metrics"])  # gRPC off
+        port = ready.port("metrics")
         await producer.put([make_group(tok_dir, ["7", "die", "8"], ["7"] * 3, "my/task", uid="c1")])
         (item,) = await drain(trainer, 1, timeout=60)
         d = item.data
@@ -252,7 +257,7 @@ async def test_cli_service_process(redis_server, tok_dir, tmp_path):
 def test_bad_reward_function_fails_at_start_with_a_clear_message(tok_dir, tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"reward": {"tokenizer_path": tok_dir, "custom_reward_function": {"path": str(tmp_path / "nope.py")},
-                                               "num_workers": 1, "grpc_port": None}}))
+                                               "num_workers": 1}, "resources": {"grpc_port": None}}))
     out = subprocess.run([sys.executable, "-m", "reward_svc", "--config", str(path), "--no-queue"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
@@ -264,8 +269,8 @@ async def test_queue_path_on_the_embedded_broker(broker, tok_dir):
     from services.config.queues import EmbeddedQueueConfig
 
     qcfg = EmbeddedQueueConfig(address=broker.address)
-    server = await RewardServer(RewardConfig(get_timeout_s=0.2, grpc_port=None), load_decoder(tok_dir), queue_cfg=qcfg,
-                                consumer="r0").start()
+    server = await RewardServer(RewardConfig(get_timeout_s=0.2), load_decoder(tok_dir), queue_cfg=qcfg,
+                                consumer="r0", resources=NO_GRPC).start()
     producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
     trainer = make_queue(qcfg, stream="experience", group="trainer", consumer="trainer-0")
     stop = asyncio.Event()
@@ -288,8 +293,8 @@ async def test_queue_path_on_the_embedded_broker(broker, tok_dir):
 async def test_stop_is_prompt_even_when_redis_is_gone(redis_server, tok_dir):
     """SIGTERM-style stop while the backend is dead: run() and stop() return promptly."""
     qcfg = RedisQueueConfig(url=redis_server.url, namespace="rwstop", op_timeout_s=30.0)
-    server = await RewardServer(RewardConfig(get_timeout_s=5.0, grpc_port=None), load_decoder(tok_dir), queue_cfg=qcfg,
-                                consumer="r0").start()
+    server = await RewardServer(RewardConfig(get_timeout_s=5.0), load_decoder(tok_dir), queue_cfg=qcfg,
+                                consumer="r0", resources=NO_GRPC).start()
     stop = asyncio.Event()
     task = asyncio.create_task(server.run(stop))
     await asyncio.sleep(0.3)  # the reader is blocked in a 5 s get

@@ -372,40 +372,28 @@ def test_grpc_and_http_surface(rig, tiny_model: str) -> None:
 
 
 class ReplicaProcess:
-    """``python -m rollout_svc`` in a subprocess; waits (with a deadline) for its READY line."""
+    """``python -m rollout_svc`` in a subprocess; waits (with a deadline) for its readiness line."""
 
-    def __init__(self, config_path, name: str) -> None:
-        import json
-        import queue
+    def __init__(self, config_path, name: str, *overrides: str) -> None:
         import subprocess
         import sys
 
+        from services.readiness import NotReady, OutputWatcher
+
         env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollout_svc", "--config", str(config_path), "--name", name],
+            [sys.executable, "-m", "rollout_svc", "--config", str(config_path), "--id", name, *overrides],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
             start_new_session=True,  # its own process group: kill() also ends vLLM's engine/worker children
         )
-        self.lines: list[str] = []
-        q: queue.Queue = queue.Queue()
-
-        def pump():
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if line.startswith("READY "):
-                    q.put(json.loads(line[6:]))
-            q.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
+        self.output = OutputWatcher(self.proc)
         try:
-            info = q.get(timeout=300)
-        except Exception:
-            info = None
-        if info is None:
+            self.ready = self.output.wait(300)
+        except NotReady as exc:
             self.kill()
-            errs = [ln for ln in self.lines if "Error" in ln or "error" in ln]
-            raise AssertionError("replica process did not become ready:\n" + "".join(errs[-20:] + self.lines[-20:]))
-        self.grpc_port, self.metrics_port = info["grpc_port"], info["metrics_port"]
+            raise AssertionError(f"replica process did not become ready: {exc}") from None
+        assert (self.ready.service, self.ready.id) == ("rollout", name)
+        self.grpc_port, self.metrics_port = self.ready.port("grpc"), self.ready.port("metrics")
 
     def status(self):
         import grpc

@@ -41,10 +41,11 @@ def arith_data(tmp_path_factory):
 def _run(tmp_path, model, data, *overrides, timeout=600):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
+        # options first, overrides last (verl's habit): overrides may come anywhere
         [sys.executable, "-m", "services.cli", "run", str(REPO / "examples/quickstart.yaml"),
-         f"model.path={model}", f"data.train_files={data}", "data.val_files=[]",
-         "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
-         "trainer.total_steps=2", *overrides, "--run-dir", str(run_dir), "--no-progress"],
+         "--run-dir", str(run_dir), f"model.path={model}", "--no-progress", f"data.train_files={data}",
+         "data.val_files=[]", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
+         "trainer.total_steps=2", *overrides],
         cwd=REPO, capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
@@ -62,7 +63,7 @@ def test_a_short_job_runs_to_completion(tmp_path, tiny_model, arith_data):
     for png in ("reward.png", "staleness.png", "throughput.png"):
         assert (run_dir / png).stat().st_size > 1000
     for name in ("trainer", "reward-0", "rollout-0"):
-        assert (run_dir / "configs" / f"{name}.yaml").exists()
+        assert (run_dir / "config" / f"{name}.yaml").exists()
     assert (run_dir / "checkpoints").exists()
 
 

@@ -24,10 +24,11 @@ def test_killed_rank_stops_the_trainer(tiny_model, tmp_path):
     steps = tmp_path / "steps.jsonl"
     cfg = tmp_path / "t.yaml"
     cfg.write_text(yaml.safe_dump({
-        "model_path": tiny_model, "train_batch_size": 2, "rollout_n": 2,
+        "model": {"path": tiny_model}, "data": {"train_batch_size": 2}, "rollout": {"n": 2},
         "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 4},
         "synthetic": {"prompt_len": 6, "response_len": 6},
-        "trainer": {"total_steps": 1_000_000, "nproc": 2, "torch_threads": 1, "collective_timeout_s": 60,
+        "resources": {"nproc": 2, "torch_threads": 1},
+        "trainer": {"total_steps": 1_000_000, "collective_timeout_s": 60,
                     "default_local_dir": str(tmp_path / "ckpt"), "metrics_file": str(steps)},
     }))
     proc = subprocess.Popen([sys.executable, "-m", "trainer_svc", "--config", str(cfg)],

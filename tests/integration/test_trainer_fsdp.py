@@ -24,7 +24,7 @@ JOB = str(Path(__file__).with_name("trainer_step_job.py"))
 def _spec(model: str, **actor) -> dict:
     base = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "optim": {"lr": 1e-3}}
     base.update(actor)
-    return {"model_path": model, "train_batch_size": 4, "rollout_n": 2, "actor": base}
+    return {"model": {"path": model}, "data": {"train_batch_size": 4}, "rollout": {"n": 2}, "actor": base}
 
 
 def _run(tmp: Path, spec: dict, nproc: int, *extra: str) -> tuple[dict, dict]:

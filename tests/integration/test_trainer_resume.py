@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.readiness import OutputWatcher
+
 pytestmark = [pytest.mark.redis, pytest.mark.distributed, pytest.mark.slow]
 
 N_PER_STEP = 2  # groups per step
@@ -32,12 +34,8 @@ class Trainer:
             [sys.executable, "-m", "trainer_svc", "--config", str(config), *overrides],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env,
         )
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
+        self.output = OutputWatcher(self.proc)
+        self.lines = self.output.lines
 
     def wait_for(self, pred, what: str, timeout: float = 400.0):
         deadline = time.monotonic() + timeout
@@ -50,9 +48,11 @@ class Trainer:
             time.sleep(0.1)
         raise AssertionError(f"{what} did not happen (exit={self.proc.poll()}):\n{''.join(self.lines[-40:])}")
 
+    def ready(self, timeout: float = 400.0):
+        return self.output.wait(timeout)
+
     def ready_address(self) -> str:
-        line = self.wait_for(lambda: next((x for x in self.lines if x.startswith("trainer ready")), None), "ready line")
-        return line.split("metrics=")[1].split()[0]
+        return self.ready().address("metrics")
 
     def kill_tree(self, sig: int) -> None:
         os.killpg(self.proc.pid, sig)
@@ -85,14 +85,15 @@ async def _put(url: str, namespace: str, first: int, count: int, vocab: int) -> 
 
 def _config(tmp: Path, model: str, url: str, namespace: str) -> Path:
     spec = {
-        "model_path": model,
-        "train_batch_size": N_PER_STEP,
-        "rollout_n": 2,
-        "max_staleness": 10,
+        "model": {"path": model},
+        "data": {"train_batch_size": N_PER_STEP},
+        "rollout": {"n": 2},
+        "async": {"max_staleness": 10},
         "actor": {"ppo_mini_batch_size": 1, "ppo_micro_batch_size_per_gpu": 1, "optim": {"lr": 1e-3, "lr_warmup_steps": 2}},
-        "trainer": {"nproc": 2, "torch_threads": 1, "default_local_dir": str(tmp / "ckpt"),
+        "resources": {"nproc": 2, "torch_threads": 1},
+        "trainer": {"default_local_dir": str(tmp / "ckpt"),
                     "metrics_file": str(tmp / "steps.jsonl"), "collective_timeout_s": 60},
-        "queue": {"type": "redis", "url": url, "namespace": namespace, "lease_idle_s": 0},
+        "queues": {"type": "redis", "url": url, "namespace": namespace, "lease_idle_s": 0},
     }
     path = tmp / "trainer.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -129,8 +130,9 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     # B2: resume with a weight channel; a receiver subscribes; the third batch arrives;
     # step 3 must equal A's step 3, and version 3 must reach the receiver.
     run = Trainer(cfg_b, "trainer.total_steps=4", "trainer.save_freq=100", "weights.control_port=0", "weights.bucket_mb=1")
-    addr = run.ready_address()
-    weights_addr = next(x for x in run.lines if x.startswith("trainer ready")).split("weights=")[1].split()[0]
+    ready = run.ready()
+    addr, weights_addr = ready.address("metrics"), ready.address("weights")
+    assert (ready.service, ready.info["world_size"], ready.info["device"]) == ("trainer", 2, "cpu")
     probe = Probe(weights_addr)
     probe.wait_event(lambda e: e["event"] == "welcome")
     await _put(url, "b", 2 * N_PER_STEP, N_PER_STEP, vocab)

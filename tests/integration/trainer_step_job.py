@@ -30,19 +30,19 @@ def main() -> int:
     import torch
     from safetensors.torch import save_file
 
-    from services.config.trainer import TrainerServiceSpec
+    from services.config.views import TrainerView
     from trainer_svc.fsdp import init_distributed
     from trainer_svc.synthetic import make_batch
     from trainer_svc.worker import TrainerWorker
 
     torch.set_num_threads(1)
-    spec = TrainerServiceSpec.model_validate(json.loads(Path(args.spec).read_text()))
+    spec = TrainerView.model_validate(json.loads(Path(args.spec).read_text()))
     ctx = init_distributed("cpu", timeout_s=120)
     worker = TrainerWorker(spec, ctx)
     vocab = worker.model.config.vocab_size
     steps = []
     for step in range(args.steps):
-        batch = make_batch(args.groups, n=spec.rollout_n, prompt_len=7, response_len=6, vocab_size=vocab, seed=step)
+        batch = make_batch(args.groups, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=step)
         if step == args.nan_step:
             batch.batch["token_level_scores"][0, 0] = float("nan")
         res = worker.step(batch)

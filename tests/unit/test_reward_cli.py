@@ -1,4 +1,4 @@
-"""``python -m reward_svc`` configuration loading (job spec or standalone file)."""
+"""``python -m reward_svc`` configuration loading: its view, strict, nothing else."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ def test_standalone_file_with_overrides(tmp_path):
         "reward": {"tokenizer_path": "/tok", "custom_reward_function": {"path": "f.py", "reward_kwargs": {"a": 1}}},
         "queues": {"type": "redis", "url": "redis://127.0.0.1:1/0"},
     }))
-    reward, queues, tok = load_config(str(path), ["reward.num_workers=3", "reward.call_timeout_s=2.5"])
-    assert (reward.num_workers, reward.call_timeout_s, tok) == (3, 2.5, "/tok")
+    view = load_config(str(path), ["reward.num_workers=3", "reward.call_timeout_s=2.5", "resources.grpc_port=null"])
+    reward = view.reward
+    assert (reward.num_workers, reward.call_timeout_s, reward.tokenizer_path) == (3, 2.5, "/tok")
     assert reward.custom_reward_function.reward_kwargs == {"a": 1}
-    assert queues.type == "redis"
+    assert view.queues.type == "redis" and view.resources.grpc_port is None
 
 
 def test_standalone_errors_name_the_field(tmp_path):
@@ -37,7 +38,10 @@ def test_standalone_errors_name_the_field(tmp_path):
         load_config(str(path), [])
 
 
-def test_job_spec(tmp_path):
+def test_reward_view_of_a_job_spec_and_refusal_of_the_job_itself(tmp_path):
+    from services.config.job import parse_job
+    from services.config.views import derive_view
+
     spec = {
         "name": "t",
         "model": {"path": "/models/tiny", "tokenizer_path": "/models/tok"},
@@ -46,11 +50,13 @@ def test_job_spec(tmp_path):
         "rollout": {"n": 2},
         "reward": {"num_workers": 4},
     }
+    view = derive_view(parse_job(spec, ["reward.memory_limit_mb=1024"]), "reward")
+    assert (view.reward.num_workers, view.reward.memory_limit_mb, view.reward.tokenizer_path) == (4, 1024, "/models/tok")
+    assert view.queues is not None
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
-    reward, queues, tok = load_config(str(path), ["reward.memory_limit_mb=1024"])
-    assert (reward.num_workers, reward.memory_limit_mb, tok) == (4, 1024, "/models/tok")
-    assert queues is not None
+    with pytest.raises(JobSpecError, match="is a job spec, not a reward view"):
+        load_config(str(path), [])
 
 
 def test_help_is_instant_and_imports_nothing_heavy():

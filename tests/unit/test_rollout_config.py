@@ -1,4 +1,4 @@
-"""RolloutConfig, replica settings, weight staging, and the entrypoint's argument parsing."""
+"""RolloutConfig, the rollout view, weight staging, and the entrypoint's argument parsing."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rollout_svc.settings import SettingsError, load_settings, settings_from_dict
 from rollout_svc.weight_check import VersionCheck, WeightManifest, WeightUpdateError, write_checked_file
+from services.config.loader import ConfigError
+from services.config.views import RolloutView, load_view
 from services.config.rollout import RolloutConfig
 
 
@@ -34,33 +35,36 @@ def test_bad_values_fail_loudly(bad: dict) -> None:
         RolloutConfig(**bad)
 
 
-def test_settings_resolve_lengths_from_data_and_overrides() -> None:
-    raw = {"model": {"path": "/m"}, "data": {"max_prompt_length": 64, "max_response_length": 32}, "rollout": {"n": 2}}
-    s = settings_from_dict(raw, ["rollout.n=5", "rollout.top_p=0.9"])
-    assert (s.rollout.prompt_length, s.rollout.response_length, s.rollout.n, s.rollout.top_p) == (64, 32, 5, 0.9)
-    assert s.model == "/m" and s.queues is None and s.weights is None
-    s2 = settings_from_dict({"model": {"path": "/m"}, "rollout": {"prompt_length": 8, "response_length": 4}})
-    assert (s2.rollout.prompt_length, s2.rollout.response_length) == (8, 4)
-    with pytest.raises(SettingsError, match="rollout.nn"):
-        settings_from_dict({"model": {"path": "/m"}, "rollout": {"nn": 2}})
-    s3 = settings_from_dict({"model": {"path": "/m"}, "queues": {"type": "redis", "url": "redis://127.0.0.1:1"}})
-    assert s3.queues.type == "redis"
+def test_rollout_view_overrides_and_strictness(tmp_path: Path) -> None:
+    f = tmp_path / "rollout.yaml"
+    f.write_text("model: {path: /m}\nrollout: {n: 2, prompt_length: 64, response_length: 32}\n")
+    v = load_view(RolloutView, f, ["rollout.n=5", "rollout.top_p=0.9"])
+    assert (v.rollout.prompt_length, v.rollout.response_length, v.rollout.n, v.rollout.top_p) == (64, 32, 5, 0.9)
+    assert v.model.path == "/m" and v.queues is None and v.weights is None and v.dtype == "float32"
+    with pytest.raises(ConfigError, match="rollout.nn"):
+        load_view(RolloutView, f, ["rollout.nn=2"])
+    with pytest.raises(ConfigError, match="rollout.prompt_length is required"):
+        load_view(RolloutView, f, ["rollout.prompt_length=null"])
+    with pytest.raises(ConfigError, match="set services.rollout.grpc_port instead"):
+        load_view(RolloutView, f, ["rollout.grpc_port=1"])
+    v3 = load_view(RolloutView, f, ["queues.type=redis", "queues.url=redis://127.0.0.1:1", "rollout.dtype=float16"])
+    assert v3.queues.type == "redis" and v3.dtype == "float16"
 
 
-def test_load_settings_reports_unreadable_file(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="cannot read"):
-        load_settings(tmp_path / "nope.yaml")
+def test_load_view_reports_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_view(RolloutView, tmp_path / "nope.yaml")
 
 
 def test_entrypoint_help_is_light_and_bad_config_exits_2(tmp_path: Path) -> None:
-    code = "import sys, rollout_svc.__main__ as m; r = m.build_parser().format_help(); " \
-           "print('torch' in sys.modules, 'vllm' in sys.modules)"
+    code = "import sys, runpy; sys.argv = ['x', '--help']\ntry:\n runpy.run_module('rollout_svc', run_name='__main__')\n" \
+           "except SystemExit: pass\nprint('torch' in sys.modules, 'vllm' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.stdout.split() == ["False", "False"], r.stderr
+    assert r.stdout.split()[-2:] == ["False", "False"], r.stderr
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: {path: /m}\nrollout: {n: -1}\n")
+    bad.write_text("model: {path: /m}\nrollout: {n: -1, prompt_length: 8, response_length: 4}\n")
     r = subprocess.run([sys.executable, "-m", "rollout_svc", "--config", str(bad)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "rollout" in r.stderr and "n" in r.stderr
+    assert r.returncode == 2 and "rollout.n:" in r.stderr
 
 
 def _manifest() -> WeightManifest:
@@ -128,10 +132,10 @@ def test_stream_id_age() -> None:
     assert _stream_id_age_s("abc") is None and _stream_id_age_s("12-x") is None
 
 
-def test_load_settings_resolves_relative_model_dir(tmp_path: Path) -> None:
+def test_load_view_resolves_relative_model_dir(tmp_path: Path) -> None:
     (tmp_path / "models" / "m").mkdir(parents=True)
-    f = tmp_path / "job.yaml"
+    f = tmp_path / "rollout.yaml"
     f.write_text("model: {path: models/m, tokenizer_path: Qwen/Qwen2.5-0.5B}\nrollout: {prompt_length: 8, response_length: 4}\n")
-    s = load_settings(f)
-    assert s.model == str((tmp_path / "models" / "m").resolve())
-    assert s.tokenizer == "Qwen/Qwen2.5-0.5B"  # not a local path: kept (a hub id)
+    v = load_view(RolloutView, f)
+    assert v.model.path == str((tmp_path / "models" / "m").resolve())
+    assert v.model.tokenizer_path == "Qwen/Qwen2.5-0.5B"  # not a local path: kept (a hub id)

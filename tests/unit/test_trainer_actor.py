@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.config.trainer import ActorConfig, AlgorithmConfig, TrainerServiceSpec
+from services.config.trainer import ActorConfig, AlgorithmConfig
+from services.config.views import TrainerView
 from trainer_svc.batching import ShardPlan, collate_groups
 from trainer_svc.seqlen import balanced_partitions, num_micro_batches, pack_micro_batches
 from trainer_svc.synthetic import make_batch, make_group
@@ -125,15 +126,16 @@ def test_collate_groups_repads_prompts_left_and_responses_right():
 
 def test_spec_is_strict_and_checks_batch_sizes():
     with pytest.raises(ValueError, match="ppo_mini_batch_sz"):
-        TrainerServiceSpec.model_validate({"model_path": "m", "train_batch_size": 4, "actor": {"ppo_mini_batch_sz": 2}})
-    with pytest.raises(ValueError, match="exceeds train_batch_size"):
-        TrainerServiceSpec(model_path="m", train_batch_size=2, actor={"ppo_mini_batch_size": 4})
+        TrainerView.model_validate({"model": {"path": "m"}, "data": {"train_batch_size": 4},
+                                    "actor": {"ppo_mini_batch_sz": 2}})
+    with pytest.raises(ValueError, match="exceeds data.train_batch_size"):
+        TrainerView(model={"path": "m"}, data={"train_batch_size": 2}, actor={"ppo_mini_batch_size": 4})
     with pytest.raises(ValueError):
         ActorConfig(clip_ratio_c=0.5)  # dual-clip constant must exceed 1
-    spec = TrainerServiceSpec(model_path="m", train_batch_size=4, actor={"ppo_mini_batch_size": 2, "use_kl_loss": True})
+    spec = TrainerView(model={"path": "m"}, data={"train_batch_size": 4}, actor={"ppo_mini_batch_size": 2, "use_kl_loss": True})
     assert spec.use_ref and not spec.use_critic
-    assert TrainerServiceSpec(model_path="m", train_batch_size=4, algorithm=AlgorithmConfig(adv_estimator="gae"),
-                              actor={"ppo_mini_batch_size": 4}).use_critic
+    assert TrainerView(model={"path": "m"}, data={"train_batch_size": 4}, algorithm=AlgorithmConfig(adv_estimator="gae"),
+                       actor={"ppo_mini_batch_size": 4}).use_critic
 
 
 def test_local_mini_batch_size_follows_verl():

@@ -1,4 +1,4 @@
-"""The trainer's entry point and config: parsed before torch, strict, job-spec aware."""
+"""The trainer's entry point and view: parsed before torch, strict, refuses a job spec."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from services.config.job import parse_job
-from services.config.trainer import trainer_spec_from_job
+from services.config.views import derive_view
 
 
 def _run(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
@@ -19,7 +19,8 @@ def _run(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
 def test_help_and_config_loading_do_not_import_torch(tmp_path):
     assert _run("--help").returncode == 0
     cfg = tmp_path / "t.yaml"
-    cfg.write_text(yaml.safe_dump({"model_path": "/m", "train_batch_size": 4, "actor": {"ppo_mini_batch_size": 2}}))
+    cfg.write_text(yaml.safe_dump({"model": {"path": "/m"}, "data": {"train_batch_size": 4},
+                                   "actor": {"ppo_mini_batch_size": 2}}))
     probe = _run(code=(
         "import sys; from trainer_svc.__main__ import load_spec; "
         f"s = load_spec({str(cfg)!r}, ['actor.optim.lr=0.5', 'trainer.total_steps=7']); "
@@ -31,7 +32,8 @@ def test_help_and_config_loading_do_not_import_torch(tmp_path):
 
 def test_bad_config_fails_fast_naming_the_field(tmp_path):
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text(yaml.safe_dump({"model_path": "/m", "train_batch_size": 4, "actor": {"clip_ratoi": 0.2}}))
+    cfg.write_text(yaml.safe_dump({"model": {"path": "/m"}, "data": {"train_batch_size": 4},
+                                   "actor": {"clip_ratoi": 0.2}}))
     res = _run("--config", str(cfg))
     assert res.returncode == 2
     assert "actor.clip_ratoi" in res.stderr
@@ -39,17 +41,26 @@ def test_bad_config_fails_fast_naming_the_field(tmp_path):
     assert res.returncode == 2 and "actor.ppo_epochs" in res.stderr
 
 
-def test_trainer_view_of_a_job_spec():
+def test_trainer_view_of_a_job_spec(tmp_path):
     job = parse_job({
-        "name": "t", "model": {"path": "/m"},
+        "name": "t", "model": {"path": "/m", "dtype": "bfloat16"},
         "data": {"train_files": ["x.parquet"], "train_batch_size": 8},
-        "rollout": {"n": 4}, "async": {"max_staleness": 2},
+        "rollout": {"n": 4, "temperature": 0.7}, "async": {"max_staleness": 2},
         "actor": {"ppo_mini_batch_size": 4, "kl_loss_type": "k3"},
-        "services": {"trainer": {"nproc": 2}},
+        "services": {"trainer": {"nproc": 2, "torch_threads": 3}},
         "queues": {"type": "redis", "url": "redis://127.0.0.1:1/0"},
     })
-    spec = trainer_spec_from_job(job)
-    assert (spec.train_batch_size, spec.rollout_n, spec.max_staleness) == (8, 4, 2)
+    spec = derive_view(job, "trainer")
+    assert (spec.data.train_batch_size, spec.rollout.n, spec.async_.max_staleness) == (8, 4, 2)
+    assert spec.rollout.temperature == 0.7 and spec.model.dtype == "bfloat16"
     assert spec.actor.ppo_mini_batch_size == 4 and spec.actor.kl_loss_type == "k3"
-    assert spec.trainer.nproc == 2
-    assert spec.queue.type == "redis" and spec.weights is not None
+    assert (spec.resources.nproc, spec.resources.torch_threads, spec.resources.device) == (2, 3, "cpu")
+    assert spec.queues.type == "redis" and spec.weights is not None
+
+
+def test_trainer_refuses_a_job_spec_naming_what_to_do(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "t", "model": {"path": "/m"},
+                                   "data": {"train_files": ["x.parquet"], "train_batch_size": 8}}))
+    res = _run("--config", str(job))
+    assert res.returncode == 2 and "is a job spec, not a trainer view" in res.stderr and "meshrl views" in res.stderr
