@@ -8,7 +8,7 @@ The result is what ``transformers.AutoModelForCausalLM.from_pretrained`` loads a
 serves: ``config.json`` (and ``generation_config.json``) of the starting model, its
 tokenizer, and the actor's weights at that checkpoint in ``model*.safetensors``. The base
 model directory (config + tokenizer) is found from the run's ``job.yaml`` /
-``configs/trainer.yaml`` next to the checkpoint, or given with ``model_dir``.
+``config/trainer.yaml`` next to the checkpoint, or given with ``model_dir``.
 
 Runs in one process without torch.distributed: DCP reads the shards of every rank that
 wrote the checkpoint and reassembles full tensors. Only the actor's model weights are
@@ -57,11 +57,11 @@ def _latest(root: Path) -> Path:
 
 
 def _run_config(start: Path) -> tuple[Path | None, dict[str, Any]]:
-    """The nearest run dir at or above ``start`` (holding configs/trainer.yaml or job.yaml), and its spec."""
+    """The nearest run dir at or above ``start`` (holding config/trainer.yaml or job.yaml), and its spec."""
     import yaml
 
     for d in (start, *start.parents):
-        for name in ("configs/trainer.yaml", "job.yaml"):
+        for name in ("config/trainer.yaml", "job.yaml"):
             f = d / name
             if f.is_file():
                 try:
@@ -90,9 +90,9 @@ def locate(src: str | Path, model_dir: str | Path | None = None) -> Located:
             raise ExportError(f"{src}: no checkpoint found (looked for state.json, {LATEST_FILE} and {root}/{LATEST_FILE})")
         step = _latest(root)
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
-    base = model_dir or model.get("path") or raw.get("model_path")
+    base = model_dir or model.get("path")
     if base is None:
-        raise ExportError(f"{step}: cannot tell which model it was trained from (no job.yaml or configs/trainer.yaml "
+        raise ExportError(f"{step}: cannot tell which model it was trained from (no job.yaml or config/trainer.yaml "
                           "above it); pass --model BASE_MODEL_DIR")
     base = Path(base).expanduser()
     if not (base / "config.json").is_file():

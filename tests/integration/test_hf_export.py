@@ -25,7 +25,7 @@ def trained(tiny_model, tmp_path_factory):
     from trainer_svc.launch import spawn_ranks
 
     tmp = tmp_path_factory.mktemp("export")
-    spec = {"model_path": tiny_model, "train_batch_size": 4, "rollout_n": 2,
+    spec = {"model": {"path": tiny_model}, "data": {"train_batch_size": 4}, "rollout": {"n": 2},
             "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 2, "optim": {"lr": 1e-2}}}
     (tmp / "spec.json").write_text(json.dumps(spec))
     code = spawn_ranks([JOB, str(tmp / "spec.json"), str(tmp / "out"), "--save", str(tmp / "ckpt")], 2,
@@ -66,7 +66,7 @@ def test_export_equals_trainer_weights_and_loads_in_transformers(trained, tiny_m
 
 
 def test_export_of_a_run_dir_finds_model_and_newest_checkpoint(trained, tiny_model, tmp_path):
-    """A run dir as ``meshrl run`` leaves it: configs/trainer.yaml names the checkpoint dir and model."""
+    """A run dir as ``meshrl run`` leaves it: config/trainer.yaml (the trainer view) names the checkpoint dir and model."""
     import shutil
 
     import yaml
@@ -74,8 +74,8 @@ def test_export_of_a_run_dir_finds_model_and_newest_checkpoint(trained, tiny_mod
     ckpt, params = trained
     run = tmp_path / "run"
     shutil.copytree(ckpt, run / "checkpoints")
-    (run / "configs").mkdir()
-    (run / "configs" / "trainer.yaml").write_text(yaml.safe_dump(
+    (run / "config").mkdir()
+    (run / "config" / "trainer.yaml").write_text(yaml.safe_dump(
         {"model": {"path": tiny_model}, "trainer": {"default_local_dir": str(run / "checkpoints")}}))
     r = _meshrl("export", str(run), str(tmp_path / "hf"))
     assert r.returncode == 0, r.stderr
