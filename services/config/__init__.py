@@ -1,13 +1,15 @@
-"""The job spec: typed, bounded, documented; no torch/vLLM imports (see STYLE.md #2).
+"""The job spec and the services' views of it: typed, bounded, documented; no torch/vLLM imports.
 
-One module per block, each owned by the code that consumes it:
     base.py      StrictModel (extra="forbid")
+    loader.py    the one loader: YAML, `a.b=c` overrides, path resolution, error messages
+    job.py       JobSpec: every setting once (resources under `services:`), load_job/parse_job/dump_job
+    views.py     TrainerView, RolloutView, RewardView, FeederView: each service's whole config,
+                 cut out of the job once (the TAKES table); meshrl views / meshrl run write them
     queues.py    QueueConfig (redis / embedded)
     weights.py   WeightChannelConfig
     rollout.py   RolloutConfig (verl's `rollout.*` keys)
     reward.py    RewardConfig (verl's `reward_model.*` / custom_reward_function keys)
-    trainer.py   ActorConfig, AlgorithmConfig, TrainerConfig (verl's keys)
-    job.py       JobSpec: composes the blocks, `a.b=c` overrides, load/validate
+    trainer.py   ActorConfig, CriticConfig, RefConfig, AlgorithmConfig, TrainerConfig (verl's keys)
 """
 
 from services.config.base import StrictModel

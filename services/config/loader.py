@@ -89,7 +89,7 @@ def format_validation_error(exc: ValidationError, what: str = "job spec", model:
     of ``model`` gets a did-you-mean from the block it is in)."""
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "<top level>"
+        loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             home = MOVED_KEYS.get(loc)
@@ -101,7 +101,8 @@ def format_validation_error(exc: ValidationError, what: str = "job spec", model:
                 msg = unknown_key_message(model, tuple(err["loc"]))
             else:
                 msg = "unknown key (`meshrl config` lists every key)"
-        lines.append(f"  {loc}: {msg}")
+        # a check across blocks has no location; its message names the keys itself
+        lines += [f"  {loc}: {msg}"] if loc else [f"  {part}" for part in msg.split("; ")]
     return f"invalid {what}:\n" + "\n".join(lines)
 
 

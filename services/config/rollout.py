@@ -33,8 +33,8 @@ class RolloutConfig(SamplingConfig):
     """One rollout replica: sampling settings, the vLLM engine, the replica loop.
 
     ``prompt_length`` / ``response_length`` default to the job's ``data.max_prompt_length`` /
-    ``data.max_response_length`` (resolved by the replica when they are ``None``). They fix the
-    padded widths of every output batch: ``prompts`` is ``[n, prompt_length]``,
+    ``data.max_response_length`` (filled in when the rollout view is cut out of the job).
+    They fix the padded widths of every output batch: ``prompts`` is ``[n, prompt_length]``,
     ``responses`` ``[n, response_length]``, as verl's ``generate_sequences``.
     """
 

@@ -102,7 +102,7 @@ def test_reward_device_reaches_the_process(rm_dir, tiny_model, tmp_path):
     from services.readiness import OutputWatcher
 
     job = {"name": "rm", "model": {"path": tiny_model}, "data": {"train_files": "x.parquet", "train_batch_size": 2},
-           "actor": {"ppo_mini_batch_size": 2}, "reward": {"reward_model": {"enable": True, "path": rm_dir}},
+           "actor": {"ppo_mini_batch_size": 2}, "rollout": {"n": 2}, "reward": {"reward_model": {"enable": True, "path": rm_dir}},
            "services": {"reward": {"grpc_port": None}}}
     for device in ("cpu", "cuda"):
         view = derive_view(parse_job(job, [f"services.reward.device={device}"]), "reward")
