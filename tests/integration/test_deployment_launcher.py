@@ -86,16 +86,22 @@ def test_a_job_runs_on_the_workers_and_ends_with_the_trainer(runs, tmp_path, mon
     spec = yaml.safe_load((run_dir / "spec.yaml").read_text())
     assert spec["queues"]["address"] == "broker:50080" and spec["trainer"]["default_local_dir"] == "/checkpoints/job-a"
     assert (run_dir / "job.credential").stat().st_mode & 0o777 == 0o600  # no deployment secret: one per job
-    # the trainer copies its spec and credential path, then exits 0; the feeder runs until told to stop
+    # each role's view of the job is written once, beside the spec ({view} in a worker's command)
+    views = {name: yaml.safe_load((run_dir / "config" / f"{name}.yaml").read_text())
+             for name in ("trainer", "rollout", "reward", "feeder")}
+    assert all(v["service"] == name for name, v in views.items())
+    assert views["trainer"]["trainer"]["default_local_dir"] == "/checkpoints/job-a"
+    assert views["rollout"]["queues"]["address"] == "broker:50080"
+    # the trainer copies its view and credential path, then exits 0; the feeder runs until told to stop
     workers.start("trainer", sys.executable, "-c",
-                  "import os, shutil, time; shutil.copy('{spec}', '{run_dir}/seen.yaml'); "
+                  "import os, shutil, time; shutil.copy('{view}', '{run_dir}/seen.yaml'); "
                   "open('{run_dir}/cred', 'w').write(os.environ['MESHRL_JOB_CREDENTIAL_FILE']); "
                   "t = time.time()\nwhile not os.path.exists('{run_dir}/feeder-1.up') and time.time() - t < 60: "
                   "time.sleep(0.1)", ends_job=True)
     workers.start("feeder", sys.executable, "-c", "import time; open('{run_dir}/{name}.up', 'w'); time.sleep(600)")
     st = wait_state(launcher, h, {JobState.SUCCEEDED, JobState.FAILED})
     assert st.state == JobState.SUCCEEDED, st.detail
-    assert (run_dir / "seen.yaml").read_text() == (run_dir / "spec.yaml").read_text()
+    assert (run_dir / "seen.yaml").read_text() == (run_dir / "config" / "trainer.yaml").read_text()
     assert (run_dir / "cred").read_text() == str(run_dir / "job.credential")
     assert (run_dir / "feeder-1.up").exists()
     deadline = time.monotonic() + 30  # the feeder's service is stopped; its worker goes back to idle
@@ -176,7 +182,7 @@ def test_without_workers_the_job_fails_saying_why(runs, tmp_path):
 def test_a_spec_that_does_not_fit_the_wiring_is_refused(runs, tmp_path):
     runs_dir, _ = runs
     with pytest.raises(LaunchError, match="does not fit this deployment's wiring"):
-        DeploymentLauncher({"rollout": {"grpc_port": "not a port"}}).start("job-w", spec_yaml(tmp_path), runs_dir / "w")
+        DeploymentLauncher({"services": {"rollout": {"grpc_port": "not a port"}}}).start("job-w", spec_yaml(tmp_path), runs_dir / "w")
     with pytest.raises(LaunchError, match="needs the deployment's wiring"):
         os.environ.pop("MESHRL_DEPLOYMENT_CONFIG", None)
         DeploymentLauncher()

@@ -4,7 +4,7 @@ A short real job (tiny model; controller with the embedded broker and feeder, vL
 replica, reward worker, FSDP trainer) runs through a real gateway; while it runs the test
 scrapes every ``/metrics`` it has: the gateway's (with the token), the controller's
 (``metrics_url`` in ``status.json``) and each service's (ports from the run dir's
-``configs/*.yaml``). Then it takes every PromQL expression of
+``config/*.yaml``). Then it takes every PromQL expression of
 ``deploy/grafana/dashboards/meshrl.json`` and ``deploy/prometheus/alerts.yml``, parses the
 metric names (and the labels they aggregate by) out of it, and asserts each one is a series
 that was scraped. ``up`` is the one name Prometheus itself makes (one per target).
@@ -134,8 +134,10 @@ class Scraper:
 
 def _service_urls(run_dir: Path) -> dict[str, str]:
     """Every /metrics URL of the job: the controller's (``status.json``) and each service's,
-    from its readiness line (``MESHRL_READY {... "addresses": {"metrics": host:port}}``) or,
-    failing that, from its resolved config (``configs/<service>.yaml``)."""
+    from its readiness line (``services.readiness``, the one parser) or, failing that, from
+    its view (``config/<service>.yaml``: ``resources.host`` / ``resources.metrics_port``)."""
+    from services.readiness import find_ready
+
     urls = {}
     status = run_dir / "status.json"
     if status.exists():
@@ -146,24 +148,19 @@ def _service_urls(run_dir: Path) -> dict[str, str]:
             pass
     logs = run_dir / "logs"
     for log in logs.glob("*.log") if logs.exists() else ():
-        for line in log.read_text(errors="replace").splitlines():
-            if "MESHRL_READY " in line:
-                try:
-                    ready = json.loads(line.split("MESHRL_READY ", 1)[1])
-                except ValueError:
-                    continue
-                if isinstance(ready, dict) and (metrics := (ready.get("addresses") or {}).get("metrics")):
-                    urls[log.stem] = f"http://{metrics}/metrics"
-    for cfg in (run_dir / "configs").glob("*.yaml") if (run_dir / "configs").exists() else ():
+        try:
+            ready = find_ready(log.read_text(errors="replace"))
+        except ValueError:  # a line cut in half while being written: read again next time
+            continue
+        if ready is not None and "metrics" in ready.addresses:
+            urls[log.stem] = f"http://{ready.address('metrics')}/metrics"
+    for cfg in (run_dir / "config").glob("*.yaml") if (run_dir / "config").exists() else ():
         if cfg.stem in urls:
             continue
         raw = yaml.safe_load(cfg.read_text())  # may be half-written: read again next time
-        if not isinstance(raw, dict):
-            continue
-        block = raw.get("trainer" if cfg.stem == "trainer" else cfg.stem.split("-")[0], {})
-        host = block.get("metrics_host") or block.get("host") or "127.0.0.1"
-        if block.get("metrics_port"):
-            urls[cfg.stem] = f"http://{host}:{block['metrics_port']}/metrics"
+        res = raw.get("resources") if isinstance(raw, dict) else None
+        if isinstance(res, dict) and res.get("metrics_port"):
+            urls[cfg.stem] = f"http://{res.get('host') or '127.0.0.1'}:{res['metrics_port']}/metrics"
     return urls
 
 
