@@ -7,9 +7,8 @@ replicas as child processes on those files (each announces readiness with one
 ``MESHRL_READY`` line, :mod:`services.readiness`), feeds prompts with admission control,
 and supervises them with the restart policy of :mod:`services.launch.supervision`
 (``services.restart``): a crashed or silent service is restarted with backoff while the
-rest keeps running, the
-job fails only when a service exhausts its budget or the job stalls past its deadline
-(saying which and why). SIGTERM / Ctrl-C stops every service at once (the trainer acks
+rest keeps running, the job fails only when a service exhausts its budget or the job
+stalls past its deadline (saying which and why). SIGTERM / Ctrl-C stops every service at once (the trainer acks
 and checkpoints the step in progress); the trainer finishing ``trainer.total_steps``
 ends the job. Running the same command on the same run dir resumes it: the broker's
 file, the feeder's position (``feeder.json``) and the trainer's checkpoint agree.
