@@ -61,7 +61,10 @@ def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
     output = OutputWatcher(proc)
     try:
         port = output.wait(60).port("metrics")
-        wait_until(lambda: _fed(port) == 8, timeout=60, what="the first 8 prompts")
+        try:
+            wait_until(lambda: _fed(port) == 8, timeout=60, what="the first 8 prompts")
+        except AssertionError:
+            raise AssertionError(output.text(60)) from None
         for _ in range(5):  # nothing finished: it must not feed more
             assert _fed(port) == 8
             time.sleep(0.2)
