@@ -354,12 +354,12 @@ class JobController:
                 return 0
 
         seen, step_ended = size(), False
-        rollouts = {p.name: p.ready_url.rsplit("/", 1)[0] + "/metrics" for p in self.procs
-                    if p.name.startswith("rollout") and p.ready_url}
+        rollouts = {p.name: p.url("metrics") + "/metrics" for p in self.procs
+                    if p.name.startswith("rollout") and p.ready}
         trainer = next((p for p in self.procs if p.name == "trainer"), None)
         while time.monotonic() < end:
             finished = self.ledger.finished_prompts()
-            if (finished is None or self.feeder is None or trainer is None or not trainer.ready_url
+            if (finished is None or self.feeder is None or trainer is None or not trainer.ready
                     or self._restarting or self._stop_signal is not None):
                 break
             if self.feeder.state.fed > finished:  # the batch is out
@@ -367,7 +367,7 @@ class JobController:
                     await asyncio.sleep(tick_s)
                     continue
                 seen, step_ended = size(), True  # a step line: its counters follow at once
-                got = await asyncio.to_thread(scrape, trainer.ready_url.rsplit("/", 1)[0] + "/metrics")
+                got = await asyncio.to_thread(scrape, trainer.url("metrics") + "/metrics")
                 self.ledger.observe("trainer", got)
                 if got:
                     self._scrapes["trainer"] = got
