@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         view = load_config(args.config, args.overrides)
-    except ConfigError as exc:
+    except (ConfigError, OSError) as exc:
         print(f"reward: {exc}", file=sys.stderr)
         return 2
     import asyncio

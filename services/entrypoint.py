@@ -49,6 +49,6 @@ def load_view_or_exit(cls: type[V], args: argparse.Namespace, service: str) -> V
 
     try:
         return load_view(cls, args.config, args.overrides)
-    except ConfigError as exc:
+    except (ConfigError, OSError) as exc:
         print(f"{service}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

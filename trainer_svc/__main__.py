@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         spec = load_spec(args.config, args.overrides)
-    except ConfigError as exc:
+    except (ConfigError, OSError) as exc:
         print(f"trainer: {exc}", file=sys.stderr)
         return 2
     if not args.as_rank:

@@ -107,14 +107,13 @@ def format_validation_error(exc: ValidationError, what: str = "job spec", model:
 
 
 def read_mapping(path: str | Path, what: str = "config") -> dict[str, Any]:
-    """The YAML mapping in ``path`` (empty file -> {}), or ConfigError saying what is wrong."""
+    """The YAML mapping in ``path`` (empty file -> {}), or ConfigError saying what is wrong
+    (other OSErrors -- a directory, no permission -- propagate: callers report them in one line)."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{what} {path} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if raw is None:
