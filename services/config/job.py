@@ -45,7 +45,7 @@ JobSpecError = ConfigError  # the name callers use for a bad job spec
 
 __all__ = [
     "JobSpec", "JobSpecError", "ModelConfig", "DataConfig", "ServicesConfig", "AsyncConfig",
-    "apply_overrides", "format_validation_error", "parse_job", "load_job", "dump_job",
+    "apply_overrides", "format_validation_error", "parse_job", "load_job", "dump_job", "job_spec_class",
 ]  # fmt: skip
 
 Device = Literal["cpu", "cuda"]
@@ -254,3 +254,8 @@ def load_job(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
 def dump_job(spec: JobSpec) -> str:
     """The resolved spec as YAML (aliases such as ``async`` used, defaults included)."""
     return dump_model(spec)
+
+
+def job_spec_class() -> type[JobSpec]:
+    """The job spec class (kept for callers that took it lazily when it lived in its own module)."""
+    return JobSpec
