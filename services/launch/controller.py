@@ -482,6 +482,9 @@ class JobController:
         for name, got in zip(urls, scrapes):
             self.ledger.observe(name, got)
             self._scrapes[name] = got
+        current = self._scrapes.get("trainer", {}).get("meshrl_trainer_policy_version")
+        served = {n: s.get("meshrl_rollout_served_version") for n, s in self._scrapes.items() if n.startswith("rollout")}
+        self.sup.versions(current, served, self.spec.async_.max_staleness, time.monotonic())
         c = self.ledger.counts()
         self.sup.progress({k: c[k] for k in ("generated", "scored", "trained", "dropped_stale", "dropped_error")},
                           time.monotonic())

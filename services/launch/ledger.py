@@ -98,11 +98,15 @@ class Ledger:
             c = meta["extra"]["intake"]
         except (OSError, ValueError, KeyError, TypeError):
             return False
+        seen = self.trainer
+        # drops are final when they happen (acked as dropped): the last scrape may know more
         self.trainer = {
             "meshrl_trainer_samples_total": float(c.get("samples_trained", 0) + c.get("samples_nonfinite", 0)),
             "meshrl_trainer_failed_score_samples_total": float(c.get("scored_failed", 0)),
-            "meshrl_trainer_dropped_stale_samples_total": float(c.get("dropped_stale", 0)),
-            "meshrl_trainer_dropped_error_samples_total": float(c.get("dropped_error", 0)),
+            "meshrl_trainer_dropped_stale_samples_total": max(
+                float(c.get("dropped_stale", 0)), seen.get("meshrl_trainer_dropped_stale_samples_total", 0.0)),
+            "meshrl_trainer_dropped_error_samples_total": max(
+                float(c.get("dropped_error", 0)), seen.get("meshrl_trainer_dropped_error_samples_total", 0.0)),
         }
         return True
 

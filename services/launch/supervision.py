@@ -10,7 +10,10 @@ the decisions, so every launcher applies the same rules:
   checkpoint; the others' leased work goes back to their queue and is redone. The rest of
   the mesh keeps running meanwhile.
 * **Stuck counts as crashed** -- a running service whose health probe has not answered for
-  ``heartbeat_timeout_s`` is killed by its launcher and then handled as a crash.
+  ``heartbeat_timeout_s`` is killed by its launcher and then handled as a crash; so is a
+  rollout replica whose served policy version stays more than ``async.max_staleness``
+  away from the trainer's for as long (its weight channel is wedged: everything it
+  generates would be dropped as stale). A restarted replica loads the current weights.
 * **The job fails** only when a service exhausts its budget; the reason names the service,
   how it ended, and how many restarts it had.
 * **No silent stall** -- the launcher reports the job's progress counters (samples
@@ -56,6 +59,8 @@ class ServiceRecord:
     last_beat: float = 0.0
     last_exit: str = ""
     history: list[str] = field(default_factory=list)
+    lag_since: float | None = None  # since when its served version is too far from the trainer's
+    lag: str = ""
 
 
 @dataclass
@@ -94,20 +99,38 @@ class Supervisor:
         rec = self._rec(name)
         rec.last_beat = max(rec.last_beat, now)
 
+    def versions(self, current: float | None, served: Mapping[str, float | None], allowed: int, now: float) -> None:
+        """The trainer's policy version and each replica's served one (None: unknown)."""
+        for name, v in served.items():
+            rec = self._rec(name)
+            if current is None or v is None or abs(current - v) <= allowed:
+                rec.lag_since, rec.lag = None, ""
+            else:
+                if rec.lag_since is None:
+                    rec.lag_since = now
+                rec.lag = (f"serves policy version {v:g} while the trainer is at {current:g} "
+                           f"(more than async.max_staleness={allowed} apart)")
+
     def stuck(self, now: float) -> list[tuple[str, str]]:
-        """Running services silent past ``heartbeat_timeout_s``: (name, reason) each."""
+        """Running services silent, or serving too old a version, past ``heartbeat_timeout_s``:
+        (name, reason) each."""
         out = []
+        limit = self.policy.heartbeat_timeout_s
         for rec in self.services.values():
             silent = now - rec.last_beat
-            if rec.running and silent > self.policy.heartbeat_timeout_s:
+            if rec.running and silent > limit:
                 out.append((rec.name, f"no heartbeat for {silent:.0f}s "
-                                      f"(services.restart.heartbeat_timeout_s={self.policy.heartbeat_timeout_s:g})"))
+                                      f"(services.restart.heartbeat_timeout_s={limit:g})"))
+            elif rec.running and rec.lag_since is not None and now - rec.lag_since > limit:
+                out.append((rec.name, f"{rec.lag} for {now - rec.lag_since:.0f}s "
+                                      f"(services.restart.heartbeat_timeout_s={limit:g})"))
         return out
 
     def exited(self, name: str, how: str, now: float) -> Decision:
         """``name`` ended (``how``: e.g. ``"exited with code -9"``): restart it or fail the job."""
         rec = self._rec(name)
         rec.running = False
+        rec.lag_since = None
         rec.last_exit = how
         rec.history.append(how)
         p = self.policy

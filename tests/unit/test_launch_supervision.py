@@ -68,3 +68,20 @@ def test_restart_policy_is_part_of_the_job_spec_and_strict():
     assert spec.services.restart.max_restarts == 5 and spec.services.restart.stall_timeout_s == 60
     with pytest.raises(ValueError, match="services.restart.max_restart"):
         parse_job(base, ["services.restart.max_restart=5"])
+
+
+def test_a_replica_serving_too_old_a_version_for_too_long_is_stuck():
+    sup = Supervisor(RestartConfig(heartbeat_timeout_s=10), [])
+    for name in ("rollout-0", "rollout-1"):
+        sup.started(name, 0.0)
+    sup.versions(5, {"rollout-0": 4, "rollout-1": 2}, allowed=1, now=1.0)
+    for t in (5.0, 12.0):
+        sup.beat("rollout-0", t)
+        sup.beat("rollout-1", t)
+    assert sup.stuck(10.0) == []
+    [(name, why)] = sup.stuck(12.0)
+    assert name == "rollout-1" and "serves policy version 2 while the trainer is at 5" in why
+    sup.versions(6, {"rollout-0": 6, "rollout-1": 6}, allowed=1, now=12.5)  # caught up
+    assert sup.stuck(12.5) == []
+    sup.versions(None, {"rollout-1": 2}, allowed=1, now=13.0)  # trainer unknown (restarting): no verdict
+    assert sup.stuck(30.0) == [] or all("no heartbeat" in w for _, w in sup.stuck(30.0))
