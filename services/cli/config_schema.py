@@ -13,10 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from services.config.job import job_spec_class
-    from services.config.schema_doc import format_schema
+    from services.config.schema_doc import format_schema, job_spec_model
 
-    text = format_schema(job_spec_class())
+    text = format_schema(job_spec_model())
     if args.grep:
         text = "".join(line + "\n" for line in text.splitlines() if args.grep in line.split("  ", 1)[0])
         if not text:

@@ -23,10 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def print_schema() -> int:
     import sys
 
-    from services.config.job import job_spec_class
-    from services.config.schema_doc import format_schema
+    from services.config.schema_doc import format_schema, job_spec_model
 
-    sys.stdout.write(format_schema(job_spec_class()))
+    sys.stdout.write(format_schema(job_spec_model()))
     return 0
 
 
