@@ -29,11 +29,12 @@ def test_validation_rounds_and_loggers_on_a_real_job(tmp_path, tiny_model):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "run", str(REPO / "examples/quickstart.yaml"),
+         "--run-dir", str(run_dir), "--no-progress",  # options first, overrides after (verl users' habit)
          f"model.path={tiny_model}", f"data.train_files={data / 'train.parquet'}",
          f"data.val_files={data / 'test.parquet'}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
          "rollout.n=4", "trainer.total_steps=2", "trainer.test_freq=1", "trainer.val_before_train=true",
          "rollout.val_kwargs.n=2", "rollout.val_kwargs.temperature=1.0", "rollout.val_kwargs.do_sample=true",
-         "trainer.logger=[console,jsonl,tensorboard]", "actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]", "--run-dir", str(run_dir), "--no-progress"],
+         "trainer.logger=[console,jsonl,tensorboard]", "actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"],
         cwd=REPO, capture_output=True, text=True, timeout=1100, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
