@@ -113,9 +113,13 @@ def test_compose_stack_runs_a_job_for_real():
     log(f"meshrl:cpu built in {time.monotonic() - t0:.0f}s")
     redis_dir = work / "redis"
     redis_dir.mkdir(exist_ok=True)
+    # Debian's redis-server starts in protected mode; the official image's config turns it off,
+    # and so does this wrapper (first on PATH), so docker-compose.yml's command runs unchanged.
     (redis_dir / "Containerfile").write_text(
         f"FROM {base}\nRUN set -eux; apt-get update; apt-get install -y --no-install-recommends redis-server "
-        "redis-tools; rm -rf /var/lib/apt/lists/*\nWORKDIR /data\n")
+        "redis-tools; rm -rf /var/lib/apt/lists/*; "
+        "printf '#!/bin/sh\\nexec /usr/bin/redis-server \"$@\" --protected-mode no\\n' > /usr/local/bin/redis-server; "
+        "chmod +x /usr/local/bin/redis-server\nWORKDIR /data\n")
     podman("build", *ULIMITS, "-t", "localhost/meshrl-test-redis:bookworm", ".", cwd=redis_dir, timeout=1200)
 
     # ---- the stack: docker-compose.yml's services; Redis from the local image; one rollout replica
@@ -124,9 +128,7 @@ def test_compose_stack_runs_a_job_for_real():
     cred.write_text(secrets.token_urlsafe(32) + "\n")
     cred.chmod(0o644)  # the containers' uid 10001 reads it through the bind-mounted secret
     override = {"services": {
-        # Debian's redis-server starts in protected mode (the official image's config turns it off)
-        "redis": {"image": "localhost/meshrl-test-redis:bookworm",
-                  "command": ["redis-server", "--appendonly", "yes", "--protected-mode", "no"]},
+        "redis": {"image": "localhost/meshrl-test-redis:bookworm"},
         "rollout": {"deploy": {"replicas": 1}, "environment": {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}},
         "trainer": {"environment": {"OMP_NUM_THREADS": "1"}},
     }}
