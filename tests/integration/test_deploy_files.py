@@ -466,3 +466,16 @@ def test_k8s_monitoring_scrapes_the_same_jobs_and_passes_promtool(tmp_path):
                     top = "/".join(path.split("/")[:2])
                     assert f"COPY {top}/" in src, path
                     assert list(ROOT.glob(path)), path
+
+
+def test_vllm_and_the_trainer_get_a_large_enough_dev_shm():
+    """vLLM refuses to start with the container runtimes' 64 MiB /dev/shm (seen under podman)."""
+    services = compose()["services"]
+    for name in ("rollout", "trainer"):
+        assert services[name]["shm_size"] == "1g", name
+    for d in k8s_docs():
+        if d["kind"] == "Deployment" and d["metadata"]["name"] in ("meshrl-rollout", "meshrl-trainer"):
+            spec = d["spec"]["template"]["spec"]
+            shm = next(v for v in spec["volumes"] if v["name"] == "shm")
+            assert shm["emptyDir"]["medium"] == "Memory"
+            assert {"name": "shm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
