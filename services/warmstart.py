@@ -83,7 +83,11 @@ def expected_exact_match(model, examples, pad: int, device: str = "cpu", batch_s
 
 def warm_start(model_dir: str | Path, data_files, out_dir: str | Path, *, steps: int = 200,
                batch_size: int = 32, lr: float = 2e-3, seed: int = 0, max_len: int = 64,
-               device: str = "cpu", log_every: int = 50, chat_template: str | None = None) -> WarmStartResult:
+               device: str = "cpu", log_every: int = 50, chat_template: str | None = None,
+               examples: list[tuple[list[int], int]] | None = None) -> WarmStartResult:
+    """Supervised steps on ``data_files`` (prompt -> ground truth), or on ``examples``
+    (``(token ids, number of context tokens without a loss)`` each, e.g. the turns of tool-use
+    transcripts) when given; returns the saved model's :class:`WarmStartResult`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -98,7 +102,8 @@ def warm_start(model_dir: str | Path, data_files, out_dir: str | Path, *, steps:
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     model.train()
-    examples = _examples(read_rows(data_files), tok, max_len, resolve_chat_template(chat_template))
+    if examples is None:
+        examples = _examples(read_rows(data_files), tok, max_len, resolve_chat_template(chat_template))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     loss_val = float("nan")
