@@ -92,6 +92,12 @@ class MultiTurnConfig(StrictModel):
             raise ValueError("multi_turn.enable needs at least one tool (set multi_turn.tools or multi_turn.tool_config_path)")
         return self
 
+    def resolve_paths(self, base) -> None:
+        """``tool_config_path`` relative to the job spec's directory (``base``) made absolute."""
+        from services.config.loader import resolve_path
+
+        self.tool_config_path = resolve_path(self.tool_config_path, base)
+
     def all_tools(self) -> list[ToolSpec]:
         """``tools`` plus those of ``tool_config_path`` (read now; raises ValueError naming the file)."""
         tools = list(self.tools)

@@ -238,6 +238,7 @@ class JobSpec(StrictModel):
         """Make the spec's input file paths absolute, relative to ``base`` (the spec's directory)."""
         self.model.resolve_paths(base)
         self.data.resolve_paths(base)
+        self.rollout.multi_turn.resolve_paths(base)
 
 
 def parse_job(raw: dict[str, Any], overrides: Sequence[str] = ()) -> JobSpec:
