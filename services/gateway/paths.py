@@ -12,7 +12,8 @@ naming each field:
 Checked fields (those absent or empty are skipped): ``model.path``, ``model.tokenizer_path``,
 ``data.train_files``, ``data.val_files``, ``reward.custom_reward_function.path`` (when it names
 a ``.py`` file rather than an importable module), ``reward.reward_model.path`` and
-``reward.reward_model.tokenizer_path`` (when the reward model is enabled), ``critic.model_path``.
+``reward.reward_model.tokenizer_path`` (when the reward model is enabled), ``critic.model_path``,
+``rollout.multi_turn.tool_config_path``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _FIELDS: tuple[tuple[str, str], ...] = (
     ("reward.reward_model.path", "dir"),
     ("reward.reward_model.tokenizer_path", "any"),
     ("critic.model_path", "dir"),
+    ("rollout.multi_turn.tool_config_path", "file"),
 )
 
 

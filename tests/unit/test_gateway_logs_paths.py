@@ -80,7 +80,8 @@ def test_path_problems_name_each_relative_or_missing_path(tmp_path):
            "data": {"train_files": [str(data), str(tmp_path / "gone.parquet")], "val_files": [str(model)]},
            "reward": {"custom_reward_function": {"path": "fns/score.py"},
                       "reward_model": {"enable": True, "path": str(tmp_path / "rm")}},
-           "critic": {"model_path": "~/nowhere-" + tmp_path.name}}  # fmt: skip
+           "critic": {"model_path": "~/nowhere-" + tmp_path.name},
+           "rollout": {"multi_turn": {"tool_config_path": "tools.yaml"}}}  # fmt: skip
     assert path_problems(bad) == [
         f"model.path: {data} is not a directory",
         "model.tokenizer_path: relative path 'tok' (the job runs in its own run dir: give an absolute path)",
@@ -89,6 +90,7 @@ def test_path_problems_name_each_relative_or_missing_path(tmp_path):
         "reward.custom_reward_function.path: relative path 'fns/score.py' (the job runs in its own run dir: give an absolute path)",
         f"reward.reward_model.path: {tmp_path / 'rm'} does not exist",
         f"critic.model_path: ~/nowhere-{tmp_path.name} does not exist",
+        "rollout.multi_turn.tool_config_path: relative path 'tools.yaml' (the job runs in its own run dir: give an absolute path)",
     ]
 
 
