@@ -297,7 +297,11 @@ class JobManager:
                 changes["detail"] = status.detail
             if status.exit_code != current.exit_code:
                 changes["exit_code"] = status.exit_code
-            if status.progress and status.progress != current.progress:
+            # Two readers (the poller, an API call) may read the status in either order before
+            # taking the lock: a reading older than the stored one (a lower step) is dropped, so
+            # the series never runs backwards.
+            older = _step(status.progress) < _step(current.progress)
+            if status.progress and status.progress != current.progress and not older:
                 changes["progress"] = status.progress
                 self.store.add_point(row.id, status.progress)
                 for service, n in _restarts(status.progress, current.progress):
@@ -308,6 +312,11 @@ class JobManager:
                     self.store.add_event(row.id, "finished", f"{state}: {status.detail}"[:2000])
                 current = self.store.get(row.id) or current
             return current
+
+
+def _step(progress: dict[str, Any]) -> int:
+    step = progress.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
 def _restarts(new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, int]]:
