@@ -194,6 +194,8 @@ DASHBOARD_HTML = r"""<!doctype html>
         "data-line": name, fill: "none", stroke: colour(name, key), "stroke-width": 1.5,
         points: pts.map(p => sx(p[0]).toFixed(1) + "," + sy(p[1]).toFixed(1)).join(" "),
       }));
+      if (pts.length === 1)  // a lone point draws no line: mark it
+        svg.appendChild(el("circle", { cx: sx(pts[0][0]), cy: sy(pts[0][1]), r: 2.5, fill: colour(name, key) }));
     }
     if (key === "queues") {
       legend.replaceChildren(...Object.keys(byLine).map(name => {
