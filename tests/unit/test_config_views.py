@@ -173,3 +173,45 @@ def test_job_spec_yaml_files_in_the_repository_are_valid():
     for path in [root / "examples" / "quickstart.yaml", root / "deploy" / "config" / "job.yaml"]:
         job = parse_job(yaml.safe_load(path.read_text()))
         derive_views(job)
+
+
+def _other_value(value):
+    """A different value of the same type (None when there is no obvious one)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value / 2 if value else 0.5
+    if isinstance(value, str):
+        return value + "x"
+    return None
+
+
+def test_every_changed_job_value_changes_some_view():
+    """Perturb each leaf of a job one at a time: the change must show up in at least one
+    view (the declaration in TAKES alone would not catch a view that drops the value)."""
+    import json
+
+    from services.config.views import _lookup
+
+    base = parse_job(BASE)
+    tree = base.model_dump(mode="json", by_alias=True)
+    before = {k: v.model_dump(mode="json", by_alias=True) for k, v in derive_views(base).items()}
+    tried, lost = 0, []
+    for leaf in _leaves(JobSpec):
+        if leaf in CONTROLLER_ONLY:
+            continue
+        alt = _other_value(_lookup(tree, leaf))
+        if alt is None:
+            continue
+        try:
+            job = parse_job(BASE, [f"{leaf}={json.dumps(alt) if isinstance(alt, str) else alt}"])
+        except JobSpecError:
+            continue  # the changed value is out of bounds or breaks a cross-block rule
+        tried += 1
+        after = {k: v.model_dump(mode="json", by_alias=True) for k, v in derive_views(job).items()}
+        if after == before:
+            lost.append(leaf)
+    assert lost == [], f"job keys whose value reaches no view: {lost}"
+    assert tried >= 140, tried  # most scalar keys were really exercised (142 when written)
