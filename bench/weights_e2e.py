@@ -111,33 +111,24 @@ def trainer_tensors(model_dir: Path):
 
 
 class Replica:
-    """``python -m rollout_svc`` in its own process group; READY line parsed."""
+    """``python -m rollout_svc`` in its own process group; its readiness line parsed."""
 
     def __init__(self, cfg_path: Path, name: str, timeout: float):
-        import json
-        import queue
+        from services.readiness import NotReady, OutputWatcher
 
         env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen([sys.executable, "-m", "rollout_svc", "--config", str(cfg_path), "--name", name],
+        self.proc = subprocess.Popen([sys.executable, "-m", "rollout_svc", "--config", str(cfg_path), "--id", name],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
                                      start_new_session=True)
-        self.lines: list[str] = []
-        q: queue.Queue = queue.Queue()
-
-        def pump():
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if line.startswith("READY "):
-                    q.put(json.loads(line[6:]))
-            q.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        info = q.get(timeout=timeout)
-        if info is None:
+        self.output = OutputWatcher(self.proc)
+        self.lines = self.output.lines
+        try:
+            ready = self.output.wait(timeout)
+        except NotReady as exc:
             self.kill()
-            raise RuntimeError(f"replica {name} did not start:\n" + "".join(self.lines[-30:]))
-        self.port = info["grpc_port"]
+            raise RuntimeError(f"replica {name} did not start: {exc}") from None
+        self.port = ready.port("grpc")
         from services import auth
         from services.pb import rollout_pb2_grpc
 
