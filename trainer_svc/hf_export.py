@@ -127,13 +127,16 @@ def read_actor_weights(step_dir: Path) -> dict[str, Any]:
 
 
 def export_hf(src: str | Path, out: str | Path, *, model_dir: str | Path | None = None,
-              dtype: str | None = None, overwrite: bool = False) -> Path:
+              tokenizer_dir: str | Path | None = None, dtype: str | None = None, overwrite: bool = False) -> Path:
     """Write the HF model directory ``out`` from the checkpoint under ``src`` (see module doc).
+    ``tokenizer_dir``: where the tokenizer files are, when not beside the base model's config.
     ``dtype``: cast floating weights to float32/bfloat16/float16 (default: keep the trainer's)."""
     import torch
     import transformers
 
     found = locate(src, model_dir)
+    if tokenizer_dir is not None:
+        found.tokenizer_dir = Path(tokenizer_dir).expanduser()
     out = Path(out).expanduser().resolve()
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"{out} exists and is not empty (choose another directory, or --overwrite)")

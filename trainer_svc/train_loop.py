@@ -284,11 +284,12 @@ class TrainerService:
         from trainer_svc.hf_export import export_hf
 
         self._join_export()
-        model = getattr(self.spec, "model_path", None) or self.spec.model.path
+        model = self.spec.model
 
         def work() -> None:
             try:
-                export_hf(path, path / "huggingface", model_dir=model, overwrite=True)
+                export_hf(path, path / "huggingface", model_dir=model.path, tokenizer_dir=model.tokenizer_path,
+                          overwrite=True)
                 logger.info("checkpoint %s: Hugging Face copy in %s", path.name, path / "huggingface")
             except Exception as exc:  # noqa: BLE001 - the checkpoint itself is complete; only the copy is missing
                 logger.error("checkpoint %s: writing the Hugging Face copy failed: %s", path.name, exc)
