@@ -48,8 +48,13 @@ def test_killed_replica_reward_worker_and_trainer_are_restarted(tmp_path, tiny_m
     assert status["state"] == "succeeded", status
     restarts = {name: s["restarts"] for name, s in status["services"].items()}
     assert restarts["rollout-1"] >= 1 and restarts["reward-0"] >= 1 and restarts["trainer"] >= 1, restarts
-    assert restarts["rollout-0"] == 0
     out = job.output()
+    # rollout-0 is never killed by the test and must never crash; the supervisor may restart it
+    # only for lagging the restarted trainer's weights (the version-lag rule, whose message
+    # says so): a replica can stay in a dead trainer's weight group (docs/supervision.md)
+    assert "rollout-0 exited with code -9; restart" not in out, out[-4000:]
+    if restarts["rollout-0"]:
+        assert "rollout-0 is stuck (serves policy version" in out, out[-4000:]
     assert "rollout-1 exited with code -9; restart 1/" in out and "trainer exited with code -9" in out
     assert_ledger_exact(job.run_dir)
 
