@@ -1,7 +1,7 @@
 """Prepare the tool-use example (``examples/tools.yaml``): two-digit multiplication with a
 calculator tool.
 
-    python -m rollout_svc.agent.calc_example --out runs/tools
+    python -m services.cli.calc_example --out runs/tools
     meshrl run examples/tools.yaml
 
 The tiny model (0.45M parameters) cannot multiply ``47*28`` itself. It can learn to call
@@ -71,7 +71,7 @@ def transcript_examples(rows, tokenizer) -> tuple[list[tuple[list[int], int]], l
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rollout_svc.agent.calc_example", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m services.cli.calc_example", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/tools", help="where the model, data and warm model go")
     ap.add_argument("--warm-steps", type=int, default=120, help="supervised warm-start steps")
     ap.add_argument("--lr", type=float, default=2e-3, help="warm-start learning rate")
