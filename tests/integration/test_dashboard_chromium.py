@@ -161,8 +161,16 @@ def test_dashboard_shows_the_job_its_charts_events_logs_and_controls(tmp_path):
         page.screenshot(shots / "dashboard-paused.png")
         xs = page.eval(f"[...{card}.querySelectorAll('polyline')].map(l => l.getAttribute('points').split(' ').map(p => +p.split(',')[0]))")
         assert all(a == sorted(a) for a in xs), "a line runs back in time after a button's poll"
+        with httpx.Client(base_url=gw.http_url, timeout=10) as c:
+            paused_at = c.get(f"/v1/jobs/{job_id}", headers=auth()).json()["progress"]["step"]
         page.click(f'section.job[data-job-id="{job_id}"] button[data-action="resume"]')
         wait_until(lambda: page.eval(f"{card}.dataset.state") == "running", what="resumed")
+
+        def step_now() -> int:
+            with httpx.Client(base_url=gw.http_url, timeout=10) as c:
+                return c.get(f"/v1/jobs/{job_id}", headers=auth()).json()["progress"]["step"]
+
+        wait_until(lambda: step_now() > paused_at + 1, timeout=30, what="the resumed job to step on")
         page.click(f'section.job[data-job-id="{job_id}"] button[data-action="cancel"]')
         wait_until(lambda: page.eval(f"{card}.dataset.state") == "cancelled", timeout=30, what="cancelled state")
         wait_until(lambda: visible_buttons() == [], what="no buttons on a finished job")
@@ -175,7 +183,7 @@ def test_dashboard_shows_the_job_its_charts_events_logs_and_controls(tmp_path):
         # The series the gateway recorded never runs backwards, however many readers polled it.
         with httpx.Client(base_url=gw.http_url, timeout=10) as c:
             steps = [p["step"] for p in c.get(f"/v1/jobs/{job_id}/metrics", headers=auth()).json()["points"]]
-        assert steps == sorted(steps) and len(steps) > 10, steps
+        assert steps == sorted(steps) and steps[-1] > paused_at + 1, steps  # the points span the pause
         page.close()
     for name in ("dashboard-running.png", "dashboard-paused.png", "dashboard-cancelled.png"):
         assert (shots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (shots / name).stat().st_size > 20_000
