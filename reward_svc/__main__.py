@@ -29,13 +29,6 @@ def parse_args(argv: list[str] | None = None):
     return parse_with_overrides(p, argv)
 
 
-def load_config(path: str, overrides: list[str]):
-    """The :class:`RewardView` in ``path`` (plus overrides); ConfigError if it is not one."""
-    from services.config.views import RewardView, load_view
-
-    return load_view(RewardView, path, overrides)
-
-
 async def _serve(args, view) -> int:
     import asyncio
     import signal
@@ -70,14 +63,12 @@ async def _serve(args, view) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     from services.config.loader import ConfigError
+    from services.config.views import RewardView
+    from services.entrypoint import load_view_or_exit
 
-    try:
-        view = load_config(args.config, args.overrides)
-    except (ConfigError, OSError) as exc:
-        print(f"reward: {exc}", file=sys.stderr)
-        return 2
+    args = parse_args(argv)
+    view = load_view_or_exit(RewardView, args, "reward")
     import asyncio
     import logging
 

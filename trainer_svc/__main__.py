@@ -24,22 +24,12 @@ def parse_args(argv: list[str] | None = None):
     return parse_with_overrides(p, argv)
 
 
-def load_spec(path: str, overrides: list[str]):
-    """The :class:`TrainerView` in ``path`` (plus overrides); ConfigError if it is not one."""
-    from services.config.views import TrainerView, load_view
-
-    return load_view(TrainerView, path, overrides)
-
-
 def main(argv: list[str] | None = None) -> int:
-    from services.config.loader import ConfigError
+    from services.config.views import TrainerView
+    from services.entrypoint import load_view_or_exit
 
     args = parse_args(argv)
-    try:
-        spec = load_spec(args.config, args.overrides)
-    except (ConfigError, OSError) as exc:
-        print(f"trainer: {exc}", file=sys.stderr)
-        return 2
+    spec = load_view_or_exit(TrainerView, args, "trainer")
     if not args.as_rank:
         from trainer_svc.launch import spawn_ranks
 

@@ -114,7 +114,27 @@ def micro_batch_indices(
     return pack_micro_batches(lengths, max_tokens, min_count=int(count.item()))
 
 
-class DataParallelPPOActor:
+class DataParallelUpdater:
+    """What the actor and the critic share: one data-parallel rank's module, its optimizer,
+    the per-rank mini-batch size (samples) and the data-parallel group (``None`` = one rank)."""
+
+    def __init__(
+        self,
+        config,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        mini_batch_size: int,
+        group: dist.ProcessGroup | None,
+    ) -> None:
+        self.config = config
+        self.module = module
+        self.optimizer = optimizer
+        self.mini_batch_size = mini_batch_size
+        self.group = group
+        self.world_size = dist.get_world_size(group) if group is not None else 1
+
+
+class DataParallelPPOActor(DataParallelUpdater):
     """The actor of one data-parallel rank (verl's ``DataParallelPPOActor``).
 
     Args:
@@ -138,12 +158,7 @@ class DataParallelPPOActor:
         group: dist.ProcessGroup | None = None,
         off_policy: OffPolicyConfig | None = None,
     ) -> None:
-        self.config = config
-        self.module = module
-        self.optimizer = optimizer
-        self.mini_batch_size = mini_batch_size
-        self.group = group
-        self.world_size = dist.get_world_size(group) if group is not None else 1
+        super().__init__(config, module, optimizer, mini_batch_size, group)
         self.off_policy = off_policy or OffPolicyConfig()
         self.loss_fn = core_algos.get_policy_loss_fn(config.policy_loss.loss_mode)
 

@@ -56,7 +56,8 @@ from trainer_svc.algos.advantage_token_baseline import (
     compute_multi_turn_optimal_token_baseline_advantage,
     compute_optimal_token_baseline_advantage,
 )
-from trainer_svc.algos.functional import (
+from trainer_svc.algos import functional as _functional
+from trainer_svc.algos.functional import (  # noqa: F401 -- re-exported (__all__)
     AGG_LOSS_MODES,
     KL_PENALTY_TYPES,
     UnknownKLPenaltyError,
@@ -115,21 +116,17 @@ from trainer_svc.algos.registry import (
     register_policy_loss,
 )
 
-__all__ = [
+__all__ = [  # and, re-exported, every name of trainer_svc.algos.functional
+    *_functional.__all__,
     "ADV_ESTIMATOR_REGISTRY",
-    "AGG_LOSS_MODES",
-    "KL_PENALTY_TYPES",
     "OFF_POLICY_MODES",
     "POLICY_LOSS_REGISTRY",
     "AdaptiveKLController",
     "AdvantageEstimator",
     "FixedKLController",
     "PolicyLossFn",
-    "UnknownKLPenaltyError",
-    "agg_loss",
     "apply_kl_penalty",
     "cfg_get",
-    "clip_by_value",
     "compute_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
@@ -166,18 +163,11 @@ __all__ = [
     "compute_rloo_vectorized_outcome_advantage",
     "compute_rollout_correction_weights",
     "compute_value_loss",
-    "entropy_from_logits",
     "expand_remax_baselines",
     "get_adv_estimator_fn",
     "get_kl_controller",
     "get_policy_loss_fn",
     "global_batch_kwargs",
-    "kl_penalty",
-    "kl_penalty_forward",
-    "masked_mean",
-    "masked_sum",
-    "masked_var",
-    "masked_whiten",
     "parse_rollout_is_threshold",
     "register_adv_est",
     "register_policy_loss",

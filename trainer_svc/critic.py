@@ -16,7 +16,7 @@ import torch.distributed as dist
 from services.config.trainer import CriticConfig
 from services.protocol import DataProto
 from trainer_svc import core_algos
-from trainer_svc.actor import all_reduce, micro_batch_indices
+from trainer_svc.actor import DataParallelUpdater, all_reduce, micro_batch_indices
 from trainer_svc.fsdp import clip_grad_norm
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def forward_values(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> t
     return out.logits[:, -r - 1 : -1, 0].float()
 
 
-class DataParallelPPOCritic:
+class DataParallelPPOCritic(DataParallelUpdater):
     """The critic of one data-parallel rank.
 
     ``mini_batch_size`` is in samples per rank (like the actor's). The lr schedule is stepped
@@ -47,12 +47,7 @@ class DataParallelPPOCritic:
         mini_batch_size: int,
         group: dist.ProcessGroup | None = None,
     ) -> None:
-        self.config = config
-        self.module = module
-        self.optimizer = optimizer
-        self.mini_batch_size = mini_batch_size
-        self.group = group
-        self.world_size = dist.get_world_size(group) if group is not None else 1
+        super().__init__(config, module, optimizer, mini_batch_size, group)
 
     def _batch(self, data: DataProto, idx: list[int], keys) -> dict[str, torch.Tensor]:
         index = torch.tensor(idx, dtype=torch.long)

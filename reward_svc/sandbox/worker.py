@@ -29,7 +29,7 @@ import resource
 import signal
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from reward_svc.sandbox.protocol import ChannelClosed, Reader, pack, write_all
 
@@ -37,6 +37,8 @@ _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
 _MAX_IN_BYTES = 1 << 30
 _MAX_ERROR_CHARS = 2000
+
+T = TypeVar("T")
 
 
 def _die_with_parent() -> None:
@@ -139,25 +141,39 @@ def error_reply(exc: BaseException) -> dict[str, Any]:
     return _error(exc)
 
 
-def main() -> int:
-    proto_in, proto_out = take_protocol_fds()
-    reader = Reader(proto_in, _MAX_IN_BYTES)
+def start(max_in_bytes: int, setup: Callable[[dict[str, Any]], T]) -> tuple[Reader, int, str, T]:
+    """A sandbox worker's start, shared by every kind (also tools'): take the protocol pipes,
+    read the ``init`` message, apply the limits (:func:`harden`) and run ``setup(init)`` --
+    the user code's import. Returns ``(reader, fd_out, network mode, setup's value)``; the
+    caller sends its own ``ready``. Exits the process: 0 when the service closed the pipe
+    before ``init``, 1 after replying ``{"op": "fatal", "error"}`` when setup raised."""
+    fd_in, fd_out = take_protocol_fds()
+    reader = Reader(fd_in, max_in_bytes)
     try:
         init = reader.read(None)
     except ChannelClosed:
-        return 0
+        raise SystemExit(0) from None
     try:
         network = harden(int(init["memory_limit_mb"]), bool(init.get("allow_network")))
-        if init.get("path"):
-            from reward_svc.loader import load_function
+        value = setup(init)
+    except BaseException as exc:  # noqa: BLE001 - anything the user's import raises is reported
+        _reply(fd_out, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"[-_MAX_ERROR_CHARS:]})
+        raise SystemExit(1) from None
+    return reader, fd_out, network, value
 
-            fn = load_function(init["path"], init.get("name") or "compute_score")
-        else:
-            from reward_svc.scorers import default_compute_score as fn
-        extra_kwargs = dict(init.get("kwargs") or {})
-    except BaseException as exc:  # noqa: BLE001
-        _reply(proto_out, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"[-_MAX_ERROR_CHARS:]})
-        return 1
+
+def _load_reward_function(init: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    if init.get("path"):
+        from reward_svc.loader import load_function
+
+        fn = load_function(init["path"], init.get("name") or "compute_score")
+    else:
+        from reward_svc.scorers import default_compute_score as fn
+    return fn, dict(init.get("kwargs") or {})
+
+
+def main() -> int:
+    reader, proto_out, network, (fn, extra_kwargs) = start(_MAX_IN_BYTES, _load_reward_function)
     _reply(proto_out, {"op": "ready", "pid": os.getpid(), "network": network})
     while True:
         try:

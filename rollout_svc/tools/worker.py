@@ -23,8 +23,8 @@ import inspect
 import sys
 from typing import Any
 
-from reward_svc.sandbox.protocol import ChannelClosed, Reader
-from reward_svc.sandbox.worker import error_reply, harden, reply, take_protocol_fds
+from reward_svc.sandbox.protocol import ChannelClosed
+from reward_svc.sandbox.worker import error_reply, reply, start
 
 _MAX_IN_BYTES = 1 << 26
 
@@ -63,22 +63,15 @@ def _normalise_execute(result: Any) -> dict[str, Any]:
     return {"text": result if isinstance(result, str) else str(result)}
 
 
+def _make_tool(init: dict[str, Any]) -> Any:
+    cls = load_tool_class(str(init["class_name"]))
+    return cls(config=init.get("config") or {}, schema=init.get("tool_schema") or None)
+
+
 def main() -> int:
-    fd_in, fd_out = take_protocol_fds()
-    reader = Reader(fd_in, _MAX_IN_BYTES)
-    try:
-        init = reader.read(None)
-    except ChannelClosed:
-        return 0
-    try:
-        network = harden(int(init["memory_limit_mb"]), bool(init.get("allow_network")))
-        cls = load_tool_class(str(init["class_name"]))
-        tool = cls(config=init.get("config") or {}, schema=init.get("tool_schema") or None)
-        schema = tool.schema if isinstance(tool.schema, dict) else {}
-        name = tool.name
-    except BaseException as exc:  # noqa: BLE001 - anything the user's import raises is reported
-        reply(fd_out, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"[-2000:]})
-        return 1
+    reader, fd_out, network, tool = start(_MAX_IN_BYTES, _make_tool)
+    schema = tool.schema if isinstance(tool.schema, dict) else {}
+    name = tool.name
     reply(fd_out, {"op": "ready", "network": network, "name": name, "schema": schema})
     live: set[str] = set()
     while True:

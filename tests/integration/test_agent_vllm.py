@@ -9,41 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 
 import numpy as np
 import pytest
 import torch
 
+from tests.fixtures.engine_loop import EngineLoop
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT_LEN, RESPONSE_LEN, TURN = 24, 320, 8
 DEADLINE_S = 180.0
-
-
-class EngineLoop:
-    """An asyncio loop in a daemon thread; ``run(coro)`` waits at most ``DEADLINE_S``."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = DEADLINE_S):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
-
-    def close(self) -> None:
-        async def cancel_rest():
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        try:
-            self.run(cancel_rest(), timeout=30)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
 
 
 def _cfg(parser: str, tools: list[dict], **mt):
@@ -67,7 +43,7 @@ def rig(tiny_model: str):
 
     cfg = _cfg("tests.agent_tools.CallOnce", [_tool("Echo")], max_assistant_turns=2)
     engine = RolloutEngine(cfg, tiny_model)
-    el = EngineLoop()
+    el = EngineLoop(DEADLINE_S)
     el.run(engine.start(), timeout=600)
     agent = el.run(AgentLoop(engine, cfg).start())
     replica = Replica(engine, cfg, name="agent-replica", agent=agent)

@@ -69,24 +69,18 @@ def test_trainer_nproc_and_dtype_reach_the_ranks(tiny_model, tmp_path):
 
 
 @NO_CUDA
-def test_trainer_cuda_is_refused_naming_the_key(tiny_model, tmp_path):
-    view = derive_view(_job(tiny_model, "services.trainer.device=cuda"), "trainer")
-    proc, out = _start("trainer_svc", write_view(view, tmp_path / "trainer.yaml"))
+@pytest.mark.parametrize("service, module, says", [
+    ("trainer", "trainer_svc", "no CUDA device"),
+    ("rollout", "rollout_svc", "this vLLM build runs on cpu"),
+])  # fmt: skip
+def test_a_cuda_device_this_machine_lacks_is_refused_naming_the_key(tiny_model, tmp_path, service, module, says):
+    view = derive_view(_job(tiny_model, f"services.{service}.device=cuda"), service)
+    if service == "rollout":  # only the engine start matters: no streams, no weight channel
+        view = view.model_copy(update={"queues": None, "weights": None})
+    proc, out = _start(module, write_view(view, tmp_path / f"{service}.yaml"))
     try:
         assert proc.wait(300) == 2
-        assert "services.trainer.device" in out.text() and "no CUDA device" in out.text()
-    finally:
-        _stop(proc)
-
-
-@NO_CUDA
-def test_rollout_device_the_vllm_build_lacks_is_refused_naming_the_key(tiny_model, tmp_path):
-    view = derive_view(_job(tiny_model, "services.rollout.device=cuda"), "rollout")
-    view = view.model_copy(update={"queues": None, "weights": None})
-    proc, out = _start("rollout_svc", write_view(view, tmp_path / "rollout.yaml"))
-    try:
-        assert proc.wait(300) == 2
-        assert "services.rollout.device" in out.text() and "this vLLM build runs on cpu" in out.text()
+        assert f"services.{service}.device" in out.text() and says in out.text()
     finally:
         _stop(proc)
 

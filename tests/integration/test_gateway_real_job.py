@@ -11,6 +11,7 @@ import yaml
 
 from services.launch.local import LocalLauncher
 from tests.integration.gateway_support import auth, running_gateway, wait_until
+from tests.fixtures.jobs import tiny_job_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -20,16 +21,7 @@ def test_gateway_runs_a_real_job_to_completion(tmp_path, tiny_model):
     from services.data.parquet import write_rows
 
     train = write_rows(synthetic.arith_rows(64, seed=0, split="train"), tmp_path / "data" / "train.parquet")
-    spec = {
-        "name": "gateway-real",
-        "model": {"path": tiny_model},
-        "data": {"train_files": [str(train)], "max_prompt_length": 32, "max_response_length": 4,
-                 "train_batch_size": 4},  # fmt: skip
-        "rollout": {"n": 2, "kv_cache_space_gib": 1, "max_num_seqs": 16},
-        "actor": {"ppo_mini_batch_size": 4},
-        "trainer": {"total_steps": 2, "save_freq": -1},
-        "queues": {"type": "embedded"},
-    }
+    spec = tiny_job_spec("gateway-real", tiny_model, train, total_steps=2)
     with running_gateway(tmp_path, LocalLauncher(), grpc=False) as gw, \
             httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
         r = c.post("/v1/jobs", content=yaml.safe_dump(spec).encode(),

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.fixtures.jobs import make_arith_parquet
 from tests.integration.job_faults_support import REPO, Job, assert_ledger_exact
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400)]  # vLLM start-ups dominate; slow on a loaded machine
@@ -22,11 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400)]  # 
 
 @pytest.fixture(scope="module")
 def arith_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("arith")
-    subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(out),
-                    "--train-size", "96", "--test-size", "8", "--max-operand", "9", "--ops", "+"],
-                   check=True, cwd=REPO, capture_output=True)
-    return out / "train.parquet"
+    return make_arith_parquet(tmp_path_factory.mktemp("arith"), train_size=96)
 
 
 def test_killed_replica_reward_worker_and_trainer_are_restarted(tmp_path, tiny_model, arith_data):

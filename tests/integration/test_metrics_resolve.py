@@ -24,6 +24,7 @@ import yaml
 
 from services.launch.local import LocalLauncher
 from tests.integration.gateway_support import TOKEN, auth, running_gateway, wait_until
+from tests.fixtures.jobs import tiny_job_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -195,16 +196,7 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
     from services.data.parquet import write_rows
 
     train = write_rows(synthetic.arith_rows(64, seed=0, split="train"), tmp_path / "data" / "train.parquet")
-    spec = {
-        "name": "metrics-real",
-        "model": {"path": tiny_model},
-        "data": {"train_files": [str(train)], "max_prompt_length": 32, "max_response_length": 4,
-                 "train_batch_size": 4},  # fmt: skip
-        "rollout": {"n": 2, "kv_cache_space_gib": 1, "max_num_seqs": 16},
-        "actor": {"ppo_mini_batch_size": 4},
-        "trainer": {"total_steps": 4, "save_freq": -1},
-        "queues": {"type": "embedded"},
-    }
+    spec = tiny_job_spec("metrics-real", tiny_model, train, total_steps=4)
     scraper = Scraper().start()
     try:
         with running_gateway(tmp_path, LocalLauncher(), grpc=False) as gw, \

@@ -125,32 +125,17 @@ def test_sandbox_has_no_network(pool):
     assert pool.network == "netns"
 
 
-def test_raising_function(pool):
-    assert check_group(pool, "raise", "exception", "boom from user code") == 0
-
-
-def test_hanging_function_times_out_and_is_replaced(pool):
-    assert check_group(pool, "hang", "timeout", "deadline") == 1
-
-
-def test_huge_allocation_hits_the_memory_limit(pool):
-    assert check_group(pool, "bigalloc", "memory", "MemoryError") == 1
-
-
-def test_growing_allocation_hits_the_memory_limit(pool):
-    assert check_group(pool, "grow", "memory", "MemoryError") == 1
-
-
-def test_self_kill(pool):
-    assert check_group(pool, "kill", "crash", "signal 9") == 1
-
-
-def test_os_exit(pool):
-    assert check_group(pool, "exit", "crash", "exit code 3") == 1
-
-
-def test_sys_exit_is_an_error_not_a_death(pool):
-    assert check_group(pool, "sysexit", "exception", "SystemExit") == 0
+@pytest.mark.parametrize("mode, kind, says, restarts", [
+    pytest.param("raise", "exception", "boom from user code", 0, id="raising-function"),
+    pytest.param("hang", "timeout", "deadline", 1, id="hanging-function-times-out-and-is-replaced"),
+    pytest.param("bigalloc", "memory", "MemoryError", 1, id="huge-allocation-hits-the-memory-limit"),
+    pytest.param("grow", "memory", "MemoryError", 1, id="growing-allocation-hits-the-memory-limit"),
+    pytest.param("kill", "crash", "signal 9", 1, id="self-kill"),
+    pytest.param("exit", "crash", "exit code 3", 1, id="os-exit"),
+    pytest.param("sysexit", "exception", "SystemExit", 0, id="sys-exit-is-an-error-not-a-death"),
+])  # fmt: skip
+def test_a_failing_call_is_an_error_of_its_kind_and_the_worker_replaced_only_if_it_died(pool, mode, kind, says, restarts):
+    assert check_group(pool, mode, kind, says) == restarts
 
 
 def test_network_is_blocked(pool):

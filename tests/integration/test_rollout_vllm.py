@@ -18,36 +18,12 @@ import pytest
 import torch
 
 from services import auth
+from tests.fixtures.engine_loop import EngineLoop
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT_LEN, RESPONSE_LEN = 24, 40
 DEADLINE_S = 120.0
-
-
-class EngineLoop:
-    """An asyncio loop in a daemon thread; ``run(coro)`` waits at most ``DEADLINE_S``."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = DEADLINE_S):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
-
-    def close(self) -> None:
-        async def cancel_rest():
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in rest:
-                t.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        try:
-            self.run(cancel_rest(), timeout=30)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +36,7 @@ def rig(tiny_model: str):
     cfg = RolloutConfig(prompt_length=PROMPT_LEN, response_length=RESPONSE_LEN, n=4, temperature=1.0, seed=7,
                         max_groups_in_flight=8, max_num_seqs=64)
     engine = RolloutEngine(cfg, tiny_model)
-    el = EngineLoop()
+    el = EngineLoop(DEADLINE_S)
     el.run(engine.start(), timeout=600)
     replica = Replica(engine, cfg, name="test-replica")
     try:

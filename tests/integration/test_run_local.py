@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.jobs import make_arith_parquet
+
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,11 +33,7 @@ def _children_of(pid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def arith_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("arith")
-    subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(out),
-                    "--train-size", "64", "--test-size", "8", "--max-operand", "9", "--ops", "+"],
-                   check=True, cwd=REPO, capture_output=True)
-    return out / "train.parquet"
+    return make_arith_parquet(tmp_path_factory.mktemp("arith"), train_size=64)
 
 
 def _run(tmp_path, model, data, *overrides, timeout=600):

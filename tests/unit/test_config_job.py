@@ -5,14 +5,9 @@ import yaml
 
 from services.cli import main as cli_main
 from services.config.job import JobSpecError, apply_overrides, dump_job, load_job, parse_job
+from tests.fixtures.specs import MINIMAL_SPEC
 
-BASE = {
-    "name": "t",
-    "model": {"path": "/models/tiny"},
-    "data": {"train_files": "/data/train.parquet", "train_batch_size": 8},
-    "rollout": {"n": 4},
-    "actor": {"ppo_mini_batch_size": 4},
-}
+BASE = MINIMAL_SPEC
 
 
 def test_minimal_spec_gets_defaults_and_verl_names():

@@ -19,14 +19,9 @@ from services.config.views import (
     derive_views, load_view, write_views,
 )  # fmt: skip
 from services.readiness import Ready, announce_ready, find_ready, parse_ready_line, ready_line
+from tests.fixtures.specs import MINIMAL_SPEC
 
-BASE = {
-    "name": "t",
-    "model": {"path": "/models/tiny"},
-    "data": {"train_files": "/data/train.parquet", "train_batch_size": 8},
-    "rollout": {"n": 4},
-    "actor": {"ppo_mini_batch_size": 4},
-}
+BASE = MINIMAL_SPEC
 
 
 def _model_class(annotation: typing.Any) -> type[BaseModel] | None:

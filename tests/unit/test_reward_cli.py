@@ -8,8 +8,12 @@ import sys
 import pytest
 import yaml
 
-from reward_svc.__main__ import load_config
 from services.config.job import JobSpecError
+from services.config.views import RewardView, load_view
+
+
+def load_config(path: str, overrides: list[str]) -> RewardView:
+    return load_view(RewardView, path, overrides)  # what python -m reward_svc loads
 
 
 def test_standalone_file_with_overrides(tmp_path):

@@ -22,8 +22,10 @@ def test_help_and_config_loading_do_not_import_torch(tmp_path):
     cfg.write_text(yaml.safe_dump({"model": {"path": "/m"}, "data": {"train_batch_size": 4},
                                    "actor": {"ppo_mini_batch_size": 2}}))
     probe = _run(code=(
-        "import sys; from trainer_svc.__main__ import load_spec; "
-        f"s = load_spec({str(cfg)!r}, ['actor.optim.lr=0.5', 'trainer.total_steps=7']); "
+        "import sys, argparse; import trainer_svc.__main__; from services.entrypoint import load_view_or_exit; "
+        "from services.config.views import TrainerView; "
+        f"a = argparse.Namespace(config={str(cfg)!r}, overrides=['actor.optim.lr=0.5', 'trainer.total_steps=7']); "
+        "s = load_view_or_exit(TrainerView, a, 'trainer'); "
         "print(s.actor.optim.lr, s.trainer.total_steps, 'torch' in sys.modules)"
     ))
     assert probe.returncode == 0, probe.stderr
