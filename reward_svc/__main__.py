@@ -65,10 +65,11 @@ async def _serve(args, view) -> int:
 def main(argv: list[str] | None = None) -> int:
     from services.config.loader import ConfigError
     from services.config.views import RewardView
-    from services.entrypoint import load_view_or_exit
+    from services.entrypoint import load_view_or_exit, pin_or_exit
 
     args = parse_args(argv)
     view = load_view_or_exit(RewardView, args, "reward")
+    pin_or_exit(view.resources.cpus, "services.reward.cpus", "reward")
     import asyncio
     import logging
 

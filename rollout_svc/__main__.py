@@ -15,11 +15,12 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from services.config.views import RolloutView
-    from services.entrypoint import load_view_or_exit, parse_with_overrides, service_parser
+    from services.entrypoint import load_view_or_exit, parse_with_overrides, pin_or_exit, service_parser
 
     p = service_parser("rollout", "Run one meshrl rollout replica (vLLM).", default_id="rollout-0")
     args = parse_with_overrides(p, argv)
     view = load_view_or_exit(RolloutView, args, "rollout_svc")
+    pin_or_exit(view.resources.cpus, "services.rollout.cpus", "rollout_svc", vllm=True)
     import asyncio
     import logging
 

@@ -52,3 +52,15 @@ def load_view_or_exit(cls: type[V], args: argparse.Namespace, service: str) -> V
     except (ConfigError, OSError) as exc:
         print(f"{service}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def pin_or_exit(cpus: str | None, key: str, service: str, *, vllm: bool = False) -> list[int]:
+    """Pin this process to ``cpus`` (:func:`services.placement.pin`); on CPUs this machine
+    does not give it, print why (naming ``key``) and exit 2."""
+    from services.placement import pin
+
+    try:
+        return pin(cpus, key, vllm=vllm)
+    except ValueError as exc:
+        print(f"{service}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

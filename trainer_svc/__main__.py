@@ -26,11 +26,12 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     from services.config.views import TrainerView
-    from services.entrypoint import load_view_or_exit
+    from services.entrypoint import load_view_or_exit, pin_or_exit
 
     args = parse_args(argv)
     spec = load_view_or_exit(TrainerView, args, "trainer")
     if not args.as_rank:
+        pin_or_exit(spec.resources.cpus, "services.trainer.cpus", "trainer")  # the ranks inherit it
         from trainer_svc.launch import spawn_ranks
 
         child = ["-m", "trainer_svc", "--config", args.config, "--as-rank", "--log-level", args.log_level,

@@ -175,7 +175,10 @@ def iter_full_params(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
 
 
 def set_torch_threads(threads: int, nproc: int) -> int:
-    """Give each rank a fair share of the cores (``threads``=0 means cores // nproc)."""
-    n = threads or max(1, (os.cpu_count() or 1) // max(1, nproc))
+    """Give each rank a fair share of the CPUs it may run on (``threads``=0 means that many
+    // nproc: its affinity, so ``services.trainer.cpus`` and a container's cpuset count)."""
+    from services.placement import available_cpus
+
+    n = threads or max(1, len(available_cpus()) // max(1, nproc))
     torch.set_num_threads(n)
     return n

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 
 from services.net import free_port
+from services.placement import available_cpus
 
 
 def rank_env(rank: int, world: int, port: int, threads: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -50,11 +51,11 @@ def spawn_ranks(
 ) -> int:
     """Run ``[sys.executable, *argv]`` as ``nproc`` ranks; wait for all of them.
 
-    ``threads``: OMP threads per rank (0 = cores // nproc). ``timeout_s``: kill everything
+    ``threads``: OMP threads per rank (0 = its CPUs // nproc). ``timeout_s``: kill everything
     and return 124 if the ranks have not all exited by then.
     """
     port = free_port()
-    per_rank = threads or max(1, (os.cpu_count() or 1) // nproc)
+    per_rank = threads or max(1, len(available_cpus()) // nproc)
     procs = [
         subprocess.Popen([sys.executable, *argv], env=rank_env(r, nproc, port, per_rank, env), preexec_fn=_term_with_parent)
         for r in range(nproc)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from services.config.base import StrictModel
 from services.config.loader import (
@@ -49,6 +49,24 @@ __all__ = [
 ]  # fmt: skip
 
 Device = Literal["cpu", "cuda"]
+
+
+def _cpu_list(value: str | None) -> str | None:
+    from services.placement import parse_cpu_list
+
+    if value is not None:
+        parse_cpu_list(value)  # ValueError names the bad list
+    return value
+
+
+#: A Linux CPU list ("0", "1-3", "0,2") a service's processes are pinned to; None = all CPUs.
+#: (A bare number, as YAML and a.b=c overrides read "0", is that CPU.)
+CpuList = Annotated[
+    str | None,
+    BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+    AfterValidator(_cpu_list),
+]
+CPUS_HELP = "CPUs this service's processes run on, a Linux CPU list ('0', '1-3', '0,2'); null = all (docs/async.md)"
 
 
 class ModelConfig(StrictModel):
@@ -113,7 +131,8 @@ class TrainerResources(StrictModel):
 
     nproc: int = Field(1, ge=1, le=4096, description="trainer ranks (torchrun --nproc_per_node)")
     device: Device = Field("cpu", description="cpu uses gloo, cuda uses nccl (same code path)")
-    torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = cores / nproc")
+    torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = its CPUs / nproc")
+    cpus: CpuList = Field(None, description=CPUS_HELP)
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /health /ready /metrics; 0 = any free")
 
 
@@ -122,6 +141,7 @@ class RolloutResources(StrictModel):
 
     replicas: int = Field(1, ge=0, le=1024, description="rollout replica processes")
     device: Device = Field("cpu", description="device vLLM runs on (the replica refuses one its vLLM build lacks)")
+    cpus: CpuList = Field(None, description=CPUS_HELP + "; vLLM's CPU threads are bound to them")
     grpc_port: int = Field(0, ge=0, le=65535, description="RolloutService gRPC port; 0 picks a free one")
     metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics HTTP port; 0 picks a free one")
 
@@ -131,6 +151,7 @@ class RewardResources(StrictModel):
 
     replicas: int = Field(1, ge=0, le=1024, description="reward worker processes")
     device: Device = Field("cpu", description="device the reward model (reward.reward_model) runs on")
+    cpus: CpuList = Field(None, description=CPUS_HELP)
     grpc_port: int | None = Field(0, ge=0, le=65535, description="RewardService gRPC port; 0 picks one; null = off")
     metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics port; 0 picks a free one")
 

@@ -29,7 +29,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from services.config.base import StrictModel
-from services.config.job import AsyncConfig, DataConfig, Device, JobSpec, ModelConfig
+from services.config.job import CPUS_HELP, AsyncConfig, CpuList, DataConfig, Device, JobSpec, ModelConfig
 from services.config.loader import ConfigError, load_model, read_mapping, resolve_path
 from services.config.queues import QueueConfig
 from services.config.reward import RewardConfig
@@ -67,7 +67,8 @@ class TrainerProcess(StrictModel):
 
     nproc: int = Field(1, ge=1, le=4096, description="trainer ranks")
     device: Device = Field("cpu", description="cpu uses gloo, cuda uses nccl")
-    torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = cores / nproc")
+    torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = its CPUs / nproc")
+    cpus: CpuList = Field(None, description=CPUS_HELP)
     host: str = Field("127.0.0.1", min_length=1, description="address of /health /ready /metrics")
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /health /ready /metrics; 0 = any free")
 
@@ -76,6 +77,7 @@ class RolloutProcess(StrictModel):
     """One replica's resources (the job's ``services.rollout`` plus ``services.host``)."""
 
     device: Device = Field("cpu", description="device vLLM runs on; the replica refuses one its vLLM build lacks")
+    cpus: CpuList = Field(None, description=CPUS_HELP + "; vLLM's CPU threads are bound to them")
     host: str = Field("127.0.0.1", min_length=1, description="address the gRPC and HTTP servers bind")
     grpc_port: int = Field(0, ge=0, le=65535, description="RolloutService gRPC port; 0 picks a free one")
     metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics port; 0 picks a free one")
@@ -85,6 +87,7 @@ class RewardProcess(StrictModel):
     """One reward worker's resources (the job's ``services.reward`` plus ``services.host``)."""
 
     device: Device = Field("cpu", description="device the reward model runs on")
+    cpus: CpuList = Field(None, description=CPUS_HELP)
     host: str = Field("127.0.0.1", min_length=1, description="address the gRPC and HTTP servers bind")
     grpc_port: int | None = Field(0, ge=0, le=65535, description="RewardService gRPC port; 0 picks one; null = off")
     metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics port; 0 picks a free one")
@@ -267,6 +270,7 @@ TAKES: dict[str, tuple[Take, ...]] = {
         Take("resources.nproc", "services.trainer.nproc"),
         Take("resources.device", "services.trainer.device"),
         Take("resources.torch_threads", "services.trainer.torch_threads"),
+        Take("resources.cpus", "services.trainer.cpus"),
         Take("resources.metrics_port", "services.trainer.metrics_port"),
         Take("resources.host", "services.host"),
     ),
@@ -275,6 +279,7 @@ TAKES: dict[str, tuple[Take, ...]] = {
         Take("rollout.prompt_length", "data.max_prompt_length", fill=True),
         Take("rollout.response_length", "data.max_response_length", fill=True),
         Take("resources.device", "services.rollout.device"),
+        Take("resources.cpus", "services.rollout.cpus"),
         Take("resources.grpc_port", "services.rollout.grpc_port"),
         Take("resources.metrics_port", "services.rollout.metrics_port"),
         Take("resources.host", "services.host"),
@@ -284,6 +289,7 @@ TAKES: dict[str, tuple[Take, ...]] = {
         Take("reward.tokenizer_path", "model.tokenizer_path", fill=True),
         Take("reward.tokenizer_path", "model.path", fill=True),
         Take("resources.device", "services.reward.device"),
+        Take("resources.cpus", "services.reward.cpus"),
         Take("resources.grpc_port", "services.reward.grpc_port"),
         Take("resources.metrics_port", "services.reward.metrics_port"),
         Take("resources.host", "services.host"),

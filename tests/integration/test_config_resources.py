@@ -99,3 +99,50 @@ def test_rollout_dtype_reaches_vllm(tiny_model, tmp_path):
             ("rollout", "dtype-probe", "cpu", "bfloat16")
     finally:
         _stop(proc)
+
+
+def _cpus_allowed(pid: int) -> str:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for tid in os.listdir(f"/proc/{p}/task"):
+            try:
+                kids = open(f"/proc/{p}/task/{tid}/children").read().split()
+            except OSError:
+                continue
+            out += [int(k) for k in kids]
+            todo += [int(k) for k in kids]
+    return out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning to one CPU of several needs two CPUs")
+def test_services_cpus_pins_the_service_and_what_it_starts(tiny_model, tmp_path):
+    """services.reward.cpus=<one CPU> -> the reward process and its sandbox workers run only there."""
+    cpu = str(max(os.sched_getaffinity(0)))
+    view = derive_view(_job(tiny_model, f"services.reward.cpus={cpu}", "reward.num_workers=2",
+                                    "reward.isolate_builtin=true"), "reward")
+    proc, out = _start("reward_svc", write_view(view, tmp_path / "reward.yaml"), "--no-queue")
+    try:
+        out.wait(300)
+        pids = [proc.pid, *_descendants(proc.pid)]
+        assert len(pids) >= 3, out.text(40)  # the service and its two sandbox workers
+        assert {_cpus_allowed(p) for p in pids} == {cpu}
+    finally:
+        _stop(proc)
+
+
+def test_cpus_this_machine_does_not_have_are_refused_naming_the_key(tiny_model, tmp_path):
+    view = derive_view(_job(tiny_model, "services.reward.cpus=4000-4001"), "reward")
+    proc, out = _start("reward_svc", write_view(view, tmp_path / "reward.yaml"), "--no-queue")
+    try:
+        assert proc.wait(120) == 2
+        assert "services.reward.cpus='4000-4001'" in out.text() and "not available" in out.text()
+    finally:
+        _stop(proc)

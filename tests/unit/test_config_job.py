@@ -132,3 +132,14 @@ def test_validate_refuses_a_parquet_file_whose_pages_are_corrupt(tmp_path, capsy
     assert cli_main(["validate", str(tmp_path / "job.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.train_files[0]:" in err[0], err
+
+
+def test_services_cpus_is_a_cpu_list():
+    from services.placement import parse_cpu_list
+
+    assert parse_cpu_list("0") == [0] and parse_cpu_list("0,2-3") == [0, 2, 3] and parse_cpu_list("3,1") == [1, 3]
+    job = parse_job(BASE, ["services.trainer.cpus=0", "services.rollout.cpus=1-3"])
+    assert (job.services.trainer.cpus, job.services.rollout.cpus, job.services.reward.cpus) == ("0", "1-3", None)
+    for bad in ("", "a", "3-1", "1,", "-1"):
+        with pytest.raises(JobSpecError, match="services.trainer.cpus"):
+            parse_job(BASE, [f"services.trainer.cpus={bad}"])
