@@ -358,11 +358,17 @@ class RolloutEngine:
                     # prompts could reuse KV computed by the old weights. Preempting them
                     # frees every block (the reset then succeeds); they resume by
                     # recomputing their prompt + tokens so far with the new weights.
-                    ok = await asyncio.wait_for(self.llm.reset_prefix_cache(reset_running_requests=True), deadline)
+                    try:
+                        ok = await asyncio.wait_for(self.llm.reset_prefix_cache(reset_running_requests=True), deadline)
+                    except Exception as exc:  # noqa: BLE001 - never leave the engine paused over it
+                        log.warning("prefix cache reset after loading v%s raised %s: %s", self.version,
+                                    type(exc).__name__, exc)
+                        ok = False
                     if not ok:
                         self.prefix_reset_failures += 1
-                        log.warning("prefix cache reset failed after loading v%d", version)
+                        log.warning("prefix cache reset failed after loading v%s", self.version)
                 await asyncio.wait_for(self.llm.resume_generation(), deadline)
+                log.info("serving v%s (%s)", self.version, "loaded" if res.get("ok") else "load refused, unchanged")
             return res
 
     # -- the weight channel, received inside the worker --------------------------------------
