@@ -28,9 +28,11 @@ This module is imported inside the worker process by ``rollout_svc.worker_ext``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from rollout_svc.weight_check import VersionCheck, WeightManifest, WeightUpdateError
@@ -62,6 +64,41 @@ def refresh_embedding_kernels(model: Any) -> int:
     return count
 
 
+class _ExpectedReloadGaps(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" warning for layers that have no
+    tensor in a checkpoint by design, so it still shows for any other layer: rotary
+    embeddings (computed buffers only) and, with tied embeddings, the LM head (it *is*
+    ``embed_tokens``; vLLM keeps its tensors, which the reload of ``embed_tokens`` updated)."""
+
+    LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+    def __init__(self, tied_embeddings: bool) -> None:
+        super().__init__()
+        self.expected = {"RotaryEmbedding"} | ({"ParallelLMHead"} if tied_embeddings else set())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "%s: Failed to load weights" and record.args and record.args[0] in self.expected:
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def expected_reload_gaps(worker: Any) -> Iterator[None]:
+    """While a ``reload_weights`` runs in ``worker``: silence the warnings of
+    :class:`_ExpectedReloadGaps`."""
+    try:
+        tied = bool(getattr(worker.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
+    except AttributeError:
+        tied = False
+    gaps = _ExpectedReloadGaps(tied)
+    logger = logging.getLogger(_ExpectedReloadGaps.LOGGER)
+    logger.addFilter(gaps)
+    try:
+        yield
+    finally:
+        logger.removeFilter(gaps)
+
+
 def load_into_worker(worker: Any, named_tensors, check: VersionCheck) -> dict[str, Any]:
     """Stream ``named_tensors`` into ``worker``'s live model, checking each one first.
 
@@ -85,7 +122,8 @@ def load_into_worker(worker: Any, named_tensors, check: VersionCheck) -> dict[st
 
     result: dict[str, Any] = {"ok": False, "tensors": 0, "bytes": 0, "touched": False, "error": None, "refused": False}
     try:
-        worker.reload_weights(weights_iterator=stream())
+        with expected_reload_gaps(worker):
+            worker.reload_weights(weights_iterator=stream())
     except Exception as e:  # noqa: BLE001 -- reported to the main process, which decides
         result["error"] = f"{type(e).__name__}: {e}"
         result["refused"] = isinstance(e, WeightUpdateError)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout_svc.weight_stream import refresh_embedding_kernels  # noqa: F401  (re-exported)
+from rollout_svc.weight_stream import expected_reload_gaps, refresh_embedding_kernels  # noqa: F401  (re-exported)
 
 
 class MeshWorkerExtension:
@@ -97,7 +97,8 @@ class MeshWorkerExtension:
                     stats["bytes"] += t.numel() * t.element_size()
                     yield name, t
 
-        self.reload_weights(weights_iterator=named_tensors())  # type: ignore[attr-defined]
+        with expected_reload_gaps(self):
+            self.reload_weights(weights_iterator=named_tensors())  # type: ignore[attr-defined]
         stats["refreshed_kernels"] = refresh_embedding_kernels(self.model_runner.get_model())  # type: ignore[attr-defined]
         return stats
 

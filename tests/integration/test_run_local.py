@@ -63,6 +63,11 @@ def test_a_short_job_runs_to_completion(tmp_path, tiny_model, arith_data):
     for name in ("trainer", "reward-0", "rollout-0"):
         assert (run_dir / "config" / f"{name}.yaml").exists()
     assert (run_dir / "checkpoints").exists()
+    # Weight updates reached the replica, and vLLM did not warn about the layers that have no
+    # checkpoint tensor by design (rotary caches, the tied LM head).
+    replica_log = (run_dir / "logs" / "rollout-0.log").read_text()
+    assert "serving v2 (loaded)" in replica_log or "serving v1 (loaded)" in replica_log, replica_log[-3000:]
+    assert "Failed to load weights" not in replica_log
 
 
 def test_a_crashing_service_stops_the_job_and_names_it(tmp_path, tiny_model, arith_data):
