@@ -126,6 +126,55 @@ class DataConfig(StrictModel):
 # Resources: the only place processes, devices, ports and threads are set
 
 
+class RayRequest(StrictModel):
+    """What one service asks Ray for (``services.<trainer|rollout|reward>.ray``); read only
+    by the Ray launcher (``services.launcher: ray``, docs/ray.md)."""
+
+    num_cpus: float | None = Field(
+        None, ge=0, le=4096,
+        description="CPUs this service's actor reserves; null = the length of its `cpus` list if set, else "
+        "nproc for the trainer and 1 for a replica or reward worker",
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict, max_length=64,
+        description="custom Ray resources each instance needs (e.g. {rollout: 1}): the service lands only on nodes "
+        "started with them (`ray start --resources`)",
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, v: dict[str, float]) -> dict[str, float]:
+        for key, amount in v.items():
+            if key in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"{key!r} is not a custom resource: CPUs come from num_cpus, GPUs from the "
+                                 "service's device (cuda)")
+            if not key or amount <= 0:
+                raise ValueError(f"resource {key!r}: the amount must be > 0 (got {amount})")
+        return v
+
+
+RAY_HELP = "what each instance asks Ray for under services.launcher=ray (docs/ray.md)"
+
+
+class RayLauncherConfig(StrictModel):
+    """The Ray launcher (``services.launcher: ray``): where the cluster is and how the job's
+    services are placed on it (docs/ray.md)."""
+
+    address: str | None = Field(
+        None, max_length=1024,
+        description="the Ray cluster: host:port of its head (GCS), ray://..., or 'auto'; null = $RAY_ADDRESS, else auto",
+    )
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="placement group strategy for the job's services (one bundle per service instance)"
+    )
+    placement_timeout_s: float = Field(
+        300.0, gt=0, le=86_400,
+        description="the whole job must be placed within this long (all services or none), else it fails "
+        "naming what the cluster lacks; also bounds re-placing a service whose node died",
+    )
+    namespace: str = Field("meshrl", min_length=1, max_length=128, description="Ray namespace of the job's actors")
+
+
 class TrainerResources(StrictModel):
     """The trainer's ranks (one FSDP2 data-parallel group) and its HTTP port."""
 
@@ -134,6 +183,7 @@ class TrainerResources(StrictModel):
     torch_threads: int = Field(0, ge=0, le=1024, description="intra-op threads per rank; 0 = its CPUs / nproc")
     cpus: CpuList = Field(None, description=CPUS_HELP)
     metrics_port: int = Field(0, ge=0, le=65535, description="port of /health /ready /metrics; 0 = any free")
+    ray: RayRequest = Field(default_factory=RayRequest, description=RAY_HELP + "; all ranks share one actor")
 
 
 class RolloutResources(StrictModel):
@@ -144,6 +194,7 @@ class RolloutResources(StrictModel):
     cpus: CpuList = Field(None, description=CPUS_HELP + "; vLLM's CPU threads are bound to them")
     grpc_port: int = Field(0, ge=0, le=65535, description="RolloutService gRPC port; 0 picks a free one")
     metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics HTTP port; 0 picks a free one")
+    ray: RayRequest = Field(default_factory=RayRequest, description=RAY_HELP)
 
 
 class RewardResources(StrictModel):
@@ -154,6 +205,7 @@ class RewardResources(StrictModel):
     cpus: CpuList = Field(None, description=CPUS_HELP)
     grpc_port: int | None = Field(0, ge=0, le=65535, description="RewardService gRPC port; 0 picks one; null = off")
     metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics port; 0 picks a free one")
+    ray: RayRequest = Field(default_factory=RayRequest, description=RAY_HELP)
 
 
 class FeederResources(StrictModel):
@@ -171,6 +223,12 @@ class ServicesConfig(StrictModel):
     reward: RewardResources = Field(default_factory=RewardResources, description="reward workers")
     feeder: FeederResources = Field(default_factory=FeederResources, description="standalone prompt feeder")
     restart: RestartConfig = Field(default_factory=RestartConfig, description="restart policy, liveness and stall deadlines")
+    launcher: Literal["local", "ray"] = Field(
+        "local",
+        description="where `meshrl run` starts the services: local = child processes on this machine; ray = one Ray "
+        "actor per service instance on a Ray cluster (services.ray; docs/ray.md)",
+    )
+    ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig, description="the Ray cluster and placement")
 
 
 class AsyncConfig(StrictModel):

@@ -308,6 +308,11 @@ CONTROLLER_ONLY: dict[str, str] = {
     "services.reward.replicas": "how many reward processes the launcher starts",
     **{f"services.restart.{k}": "supervision of the services by the launcher (services/launch/supervision.py)"
        for k in ("max_restarts", "backoff_s", "backoff_max_s", "heartbeat_timeout_s", "stall_warn_s", "stall_timeout_s")},
+    "services.launcher": "which launcher starts the services (services/launch/ray_services.py for ray)",
+    **{f"services.ray.{k}": "the Ray cluster and the job's placement group, used by the Ray launcher only"
+       for k in ("address", "strategy", "placement_timeout_s", "namespace")},
+    **{f"services.{svc}.ray.{k}": "the resource request of the service's Ray actor, made by the Ray launcher"
+       for svc in ("trainer", "rollout", "reward") for k in ("num_cpus", "resources")},
 }
 
 

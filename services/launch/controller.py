@@ -33,7 +33,7 @@ from typing import Any
 
 from services import auth
 from services.config.job import dump_job
-from services.config.views import derive_views, write_view
+from services.config.views import derive_views, dump_view, write_view
 from services.launch.ledger import Ledger, audit
 from services.launch.procs import (ServiceFailed, ServiceProcess, become_subreaper, http_get, kill_adopted,
                                    log_tail, python_module_argv)
@@ -107,6 +107,11 @@ class JobController:
         self._stopping = False
         self.credential: auth.JobCredential | None = None
         self.credential_file = self.run_dir / auth.FILE_NAME
+        self.placement = None  # services.launcher=ray: the job's placement group (services/launch/ray_services.py)
+        self._instance_views: dict[str, Any] = {}
+        self._trainer_weights: dict[str, Any] = {}
+        self._node_ports: dict[tuple[str, str], list[int]] = {}
+        self._trainer_placed = threading.Event()
 
     def _make_credential(self) -> auth.JobCredential:
         """This job's own secret: a new one per run, in ``<run_dir>/job.credential`` (0600),
@@ -140,6 +145,7 @@ class JobController:
         self.views = views
         cfg_dir = self.run_dir / "config"
         out = {"trainer": write_view(views["trainer"], cfg_dir / "trainer.yaml")}
+        self._instance_views = {"trainer": views["trainer"]}
         write_view(views["feeder"], cfg_dir / "feeder.yaml")  # the feeder runs in this process
         for kind, count in (("reward", job.services.reward.replicas), ("rollout", job.services.rollout.replicas)):
             view = views[kind]
@@ -150,17 +156,51 @@ class JobController:
                 ports.setdefault("metrics_port", free_port(host))
                 one = view.model_copy(update={"resources": res.model_copy(update=ports)})
                 out[f"{kind}-{i}"] = write_view(one, cfg_dir / f"{kind}-{i}.yaml")
+                self._instance_views[f"{kind}-{i}"] = one
         (self.run_dir / "job.yaml").write_text(dump_job(self.spec))
         return out
 
-    def _service(self, name: str, cfg: Path) -> ServiceProcess:
+    def _service(self, name: str, cfg: Path):
+        """Where service ``name`` runs: a child process here, or (services.launcher=ray) a
+        Ray actor of the job's placement group, wherever Ray placed its bundle."""
         env = {"OMP_NUM_THREADS": "1", "MESHRL_RUN_DIR": str(self.run_dir), auth.ENV: str(self.credential_file)}
         module = {"trainer": "trainer_svc", "reward": "reward_svc", "rollout": "rollout_svc"}[name.split("-")[0]]
         if module == "rollout_svc":
             kv = self.views["rollout"].rollout.kv_cache_space_gib
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(max(1, kv or 1)))
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        if self.placement is not None:
+            from services.launch.ray_services import RayServiceProcess
+
+            return RayServiceProcess(name, self.placement, lambda node: self._render(name, node), cfg, log_path, env)
         argv = python_module_argv(module, "--config", str(cfg), "--id", name)
-        return ServiceProcess(name, argv, self.run_dir / "logs" / f"{name}.log", env=env)
+        return ServiceProcess(name, argv, log_path, env=env)
+
+    def _render(self, name: str, node: dict[str, Any]) -> str:
+        """The view of ``name`` for the Ray node it landed on: its servers bind that node's
+        IP, on ports free there (the same ones again when it comes back to that node); the
+        trainer's weight channel is where replicas reach it (a replica waits until the
+        trainer is placed)."""
+        view = self._instance_views[name]
+        ports = self._node_ports.setdefault((name, node["node_id"]), list(node["ports"]))
+        res = {"host": node["ip"]}
+        if "metrics_port" in type(view.resources).model_fields and not self._fixed_metrics_port(name):
+            res["metrics_port"] = ports[0]
+        update: dict[str, Any] = {"resources": view.resources.model_copy(update=res)}
+        weights = getattr(view, "weights", None)
+        if name == "trainer" and weights is not None:
+            self._trainer_weights = {"host": node["ip"], "control_port": ports[1], "rendezvous_port": ports[2]}
+            self._trainer_placed.set()
+        if weights is not None:
+            if not self._trainer_placed.wait(self.spec.services.ray.placement_timeout_s):
+                raise ServiceFailed(f"{name}: the trainer was not placed within services.ray.placement_timeout_s")
+            update["weights"] = weights.model_copy(update=self._trainer_weights)
+        return dump_view(view.model_copy(update=update))
+
+    def _fixed_metrics_port(self, name: str) -> bool:
+        """The job spec itself set the service's metrics port (a firewall rule, say): keep it."""
+        res = getattr(self.spec.services, name.split("-")[0])
+        return bool(res.metrics_port)
 
     # ------------------------------------------------------------------ main
 
@@ -181,6 +221,8 @@ class JobController:
             raise
         finally:
             self._stop_all()
+            if self.placement is not None:
+                self.placement.release()
             if self.state in ("pending", "starting", "running"):
                 self.state = "failed" if code else self.state
                 self.detail = self.detail or "the controller stopped unexpectedly"
@@ -203,6 +245,14 @@ class JobController:
             configs = self._views()
             self.state = "starting"
             self._write_status()
+            if spec.services.launcher == "ray":
+                from services.launch.ray_services import RayPlacement
+
+                self.placement = RayPlacement(spec, list(configs))
+                await asyncio.to_thread(self.placement.connect)
+                self._log(f"meshrl run: Ray cluster at {self.placement.address}; placing {len(configs)} services "
+                          f"(strategy {spec.services.ray.strategy})")
+                await asyncio.to_thread(self.placement.reserve, lambda: self._stop_signal is not None)
             self.procs = [self._service(n, p) for n, p in configs.items()]
             for p in self.procs:
                 p.start()
@@ -403,7 +453,7 @@ class JobController:
             decision = self.sup.exited(p.name, how, time.monotonic())
             self._reap_orphans()
             if decision.action == "fail":
-                raise ServiceFailed(f"{decision.reason}; last lines of {p.log_path}:\n{log_tail(p.log_path)}")
+                raise ServiceFailed(f"{decision.reason}; last lines of {p.log_path}:\n{_tail(p)}")
             self._log(f"meshrl run: {decision.reason}")
             self._restarting[p.name] = asyncio.create_task(self._restart(p, decision.delay_s))
 
@@ -421,7 +471,7 @@ class JobController:
                 if p.returncode is None:  # alive but never ready: counts as a crash
                     p.kill_reason = "not ready after restart"
                     p.signal(signal.SIGKILL)
-                    await asyncio.to_thread(p.proc.wait)
+                    await asyncio.to_thread(_wait_exit, p)
                 self._log(f"meshrl run: {p.name} failed to come back: {str(exc).splitlines()[0]}")
                 return
             self.sup.started(p.name, time.monotonic())
@@ -448,11 +498,11 @@ class JobController:
                 p.kill_reason = why
                 p.signal(signal.SIGCONT)
                 p.signal(signal.SIGKILL)
-                await asyncio.to_thread(p.proc.wait)
+                await asyncio.to_thread(_wait_exit, p)
 
     def _reap_orphans(self) -> None:
         """Kill helpers a dead service left behind (vLLM engine processes), adopted by us."""
-        keep = {p.proc.pid for p in self.procs if p.proc is not None and p.returncode is None}
+        keep = {p.proc.pid for p in self.procs if getattr(p, "proc", None) is not None and p.returncode is None}
         gone = kill_adopted(exclude=keep)
         if gone:
             log.warning("killed %d process(es) left behind by a dead service", len(gone))
@@ -608,10 +658,12 @@ class JobController:
             **{k: last.get(k) for k in ("loss", "kl", "entropy", "grad_norm", "logprob_diff")},
             "val_score": self.history.latest_val_score(),  # the newest finished validation round
             "ledger": self.ledger.as_dict(), "restarts": self.sup.restarts(),
-            "services": {p.name: {"pid": p.proc.pid if p.proc else None, "alive": p.returncode is None,
+            "services": {p.name: {"pid": _pid(p), "alive": p.returncode is None,
                                   "restarts": self.sup.restarts().get(p.name, 0),
-                                  "restarting": p.name in self._restarting}
+                                  "restarting": p.name in self._restarting,
+                                  **({"node": p.node} if getattr(p, "node", None) else {})}
                          for p in self.procs},
+            "launcher": self.spec.services.launcher,
         }
 
     def _write_status(self) -> None:
@@ -623,3 +675,21 @@ class JobController:
             self.ledger.save()
             write_report(self.history, self.run_dir, ledger=self.ledger.as_dict(),
                              restarts=self.sup.restarts())
+
+
+def _pid(p: Any) -> int | None:
+    """A service's pid (on its own node, for a Ray actor's service)."""
+    proc = getattr(p, "proc", None)
+    return proc.pid if proc is not None else getattr(p, "pid", None)
+
+
+def _wait_exit(p: Any, timeout: float = 60.0) -> None:
+    if isinstance(p, ServiceProcess):
+        if p.proc is not None:
+            p.proc.wait()
+    else:
+        p.wait_exit(timeout)
+
+
+def _tail(p: Any) -> str:
+    return log_tail(p.log_path) if isinstance(p, ServiceProcess) else p.tail()

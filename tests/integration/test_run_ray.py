@@ -1,0 +1,102 @@
+"""``meshrl run --launcher ray`` on a real multi-node Ray cluster on this machine: a head
+(no CPUs) and three worker nodes, each with its own custom resource. A real job (embedded
+broker in the driver, a vLLM replica, a reward worker, an FSDP2 trainer rank) places each
+service in its own actor on the node its spec asks for -- checked through Ray's state API --
+then loses the replica's node (its raylet SIGKILLed) mid-job: the replica comes back on the
+other node with the resource and the job completes with nothing lost or trained twice."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.fixtures.jobs import make_arith_parquet
+from tests.fixtures.ray_nodes import RayNodes
+from tests.integration.job_faults_support import Job, assert_ledger_exact
+
+import ray  # noqa: F401,E402  (the test extra installs it)
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    nodes = RayNodes("run")
+    try:
+        nodes.start_head()
+        nodes.add_worker(2, {"rollout": 1, "reward": 1})
+        nodes.add_worker(2, {"trainer": 1})
+        nodes.add_worker(2, {"rollout": 1, "reward": 1})
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def arith_data(tmp_path_factory):
+    return make_arith_parquet(tmp_path_factory.mktemp("arith"), train_size=64)
+
+
+def _ray_job(run_dir, model, data, cluster, *overrides) -> Job:
+    return Job(run_dir, model, data, "services.launcher=ray", f"services.ray.address={cluster.address}",
+               "services.ray.placement_timeout_s=120", "services.trainer.ray.resources={trainer: 1}",
+               "services.rollout.ray.resources={rollout: 1}", "services.reward.ray.resources={reward: 1}",
+               *overrides)  # fmt: skip
+
+
+def _placed(cluster: RayNodes) -> dict[str, dict]:
+    """Live service actors of the job by service name (``meshrl-<job>-<tag>-<service>-<id>``)."""
+    out = {}
+    for a in cluster.actors():
+        if a["state"] == "ALIVE" and a["class_name"] == "ServiceActor":
+            service = "-".join(a["name"].split("-")[-3:-1])
+            out[service] = a
+    return out
+
+
+def test_a_job_the_cluster_cannot_place_fails_at_once_naming_what_is_missing(tmp_path, tiny_model, arith_data, cluster):
+    job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=1",
+                   "services.ray.placement_timeout_s=5", "services.trainer.ray.resources={trainer: 1, tpu: 1}").start()
+    try:
+        assert job.finish(timeout=120) == 1, job.output()[-4000:]
+    finally:
+        job.stop()
+    out = job.output()
+    assert "could not place this job within services.ray.placement_timeout_s=5" in out, out[-3000:]
+    assert "trainer {CPU: 1, tpu: 1, trainer: 1}" in out, out[-3000:]
+    assert job.status()["state"] == "failed"
+    assert not (job.run_dir / "logs" / "trainer.log").exists()  # nothing started: all or nothing
+
+
+def test_services_land_where_the_spec_asks_and_survive_losing_a_node(tmp_path, tiny_model, arith_data, cluster):
+    job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=4").start()
+    try:
+        job.wait_step(1, timeout=400)
+        placed = _placed(cluster)
+        assert set(placed) == {"trainer", "rollout-0", "reward-0"}, placed
+        nodes = {n["node_id"]: n["resources_total"] for n in cluster.nodes()}
+        for service, want in (("trainer", "trainer"), ("rollout-0", "rollout"), ("reward-0", "reward")):
+            assert want in nodes[placed[service]["node_id"]], (service, nodes[placed[service]["node_id"]])
+        status = job.status()
+        assert status["launcher"] == "ray" and status["services"]["rollout-0"]["node"]["node_id"] == \
+            placed["rollout-0"]["node_id"], status  # fmt: skip
+
+        lost = cluster.node_of(placed["rollout-0"]["node_id"])
+        others = [w for w in cluster.workers if w is not lost and "rollout" in w.resources]
+        cluster.kill_raylet(lost)
+        t0 = time.monotonic()
+        back = job.wait_for(lambda s: s["services"]["rollout-0"]["restarts"] >= 1 and s["services"]["rollout-0"]["alive"]
+                            and not s["services"]["rollout-0"]["restarting"], "rollout-0 back on another node", 500)
+        print(f"rollout-0 back after {time.monotonic() - t0:.0f}s on {back['services']['rollout-0']['node']}")
+        assert back["services"]["rollout-0"]["node"]["node_id"] == others[0].node_id, back
+        assert job.finish(timeout=600) == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    status = job.status()
+    assert status["state"] == "succeeded", status
+    out = job.output()
+    assert "rollout-0 exited with code -9 (its Ray actor died" in out, out[-4000:]
+    assert_ledger_exact(job.run_dir)
+    # the job's placement group and actors are gone with the job
+    assert not _placed(cluster), _placed(cluster)
