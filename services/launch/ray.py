@@ -34,8 +34,12 @@ class _JobRunner:
     """The actor body: a LocalLauncher for one job, on the node Ray picked."""
 
     def __init__(self, command: list[str] | None, env: dict[str, str]) -> None:
+        import ray
+
         from services.launch.local import LocalLauncher
 
+        # a job with services.launcher=ray places its services on this same cluster
+        env = {"RAY_ADDRESS": ray.get_runtime_context().gcs_address, **env}
         self._launcher = LocalLauncher(command=command, env=env)
         self._handle: dict[str, Any] | None = None
 
