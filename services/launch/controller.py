@@ -129,7 +129,7 @@ class JobController:
         job = self.spec.model_copy(deep=True)
         host = job.services.host
         if job.queues.type == "embedded":
-            job.queues = job.queues.model_copy(update={"address": f"{host}:{self.broker_port}"})
+            job.queues = job.queues.model_copy(update={"address": f"{self._broker_host()}:{self.broker_port}"})
         # A local job owns its ports: fixed defaults (meant for one service per container)
         # would let two jobs on one machine collide.
         job.weights = job.weights.model_copy(update={
@@ -159,6 +159,14 @@ class JobController:
                 self._instance_views[f"{kind}-{i}"] = one
         (self.run_dir / "job.yaml").write_text(dump_job(self.spec))
         return out
+
+    def _broker_host(self) -> str:
+        """Where services reach the embedded broker: ``services.host``; for Ray actors on
+        other nodes a wildcard bind (0.0.0.0) is advertised as this machine's Ray node IP."""
+        host = self.spec.services.host
+        if self.placement is not None and host in ("0.0.0.0", "::"):
+            return self.placement.ray.util.get_node_ip_address()
+        return host
 
     def _service(self, name: str, cfg: Path):
         """Where service ``name`` runs: a child process here, or (services.launcher=ray) a
@@ -242,14 +250,15 @@ class JobController:
                                                                          self.credential).start)
         server = self._start_metrics()
         try:
+            if spec.services.launcher == "ray":
+                from services.launch.ray_services import RayPlacement, instance_names
+
+                self.placement = RayPlacement(spec, instance_names(spec))
+                await asyncio.to_thread(self.placement.connect)
             configs = self._views()
             self.state = "starting"
             self._write_status()
-            if spec.services.launcher == "ray":
-                from services.launch.ray_services import RayPlacement
-
-                self.placement = RayPlacement(spec, list(configs))
-                await asyncio.to_thread(self.placement.connect)
+            if self.placement is not None:
                 self._log(f"meshrl run: Ray cluster at {self.placement.address}; placing {len(configs)} services "
                           f"(strategy {spec.services.ray.strategy})")
                 await asyncio.to_thread(self.placement.reserve, lambda: self._stop_signal is not None)

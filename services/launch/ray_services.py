@@ -64,6 +64,12 @@ def service_kind(name: str) -> str:
 # What each instance asks for
 
 
+def instance_names(spec: Any) -> list[str]:
+    """The job's service instances, in the order the controller starts them."""
+    return ["trainer", *(f"reward-{i}" for i in range(spec.services.reward.replicas)),
+            *(f"rollout-{i}" for i in range(spec.services.rollout.replicas))]
+
+
 def request_of(spec: Any, name: str) -> dict[str, float]:
     """The Ray resources of service instance ``name`` of job ``spec``: a placement-group
     bundle (``CPU``, ``GPU`` and custom resources)."""
@@ -357,13 +363,14 @@ class RayServiceProcess:
         readiness line; None if ``should_stop()`` first. ServiceFailed (and the instance
         counts as exited) if the actor dies, cannot be placed in time, or the service
         exits or stays silent past ``timeout``."""
-        deadline = time.monotonic() + timeout
+        placing = self.placement.cfg.placement_timeout_s
         try:
-            node = self._call(self.actor.node.remote(3), deadline, should_stop,
-                              f"placed on a Ray node within {timeout:.0f}s")
+            node = self._call(self.actor.node.remote(3), time.monotonic() + placing, should_stop,
+                              f"placed on a Ray node within services.ray.placement_timeout_s={placing:g}")
             if node is None:
                 return None
             self.node = node
+            deadline = time.monotonic() + timeout
             view = self.render(node)
             module = MODULES[service_kind(self.name)]
             started = self._call(self.actor.start.remote(module, view, str(self.view_path), str(self.log_path),
@@ -391,6 +398,8 @@ class RayServiceProcess:
     def _gone(self) -> None:
         """This incarnation failed: it counts as exited (-1 unless its exit code is known),
         and its actor ends (its guard then kills whatever of the service still runs)."""
+        if self._exit_ref is not None:
+            self.wait_exit(3.0)  # an exit just now: its own code
         if self.returncode is None:
             self._exit = -1
         self._drop_actor()
