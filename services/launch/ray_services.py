@@ -50,6 +50,7 @@ from services.launch.procs import ServiceFailed, log_tail
 from services.readiness import NotReady, Ready, wait_for_ready_in_log
 
 CALL_TIMEOUT_S = 30.0  # a short actor call (signal, poll, tail); a node that does not answer is treated as gone
+SIGNAL_TIMEOUT_S = 5.0  # a signal the actor does not take this fast: its node is going; the exit says so soon
 GUARD_POLL_S = 0.5
 
 MODULES = {"trainer": "trainer_svc", "reward": "reward_svc", "rollout": "rollout_svc"}
@@ -459,7 +460,7 @@ class RayServiceProcess:
         if self.actor is None or self.returncode is not None:
             return
         try:
-            self.ray.get(self.actor.signal.remote(int(sig)), timeout=CALL_TIMEOUT_S)
+            self.ray.get(self.actor.signal.remote(int(sig)), timeout=SIGNAL_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - an actor that does not answer is handled as gone by returncode
             pass
 
