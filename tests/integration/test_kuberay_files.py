@@ -127,15 +127,12 @@ def test_the_entrypoint_runs_the_mounted_job_with_the_ray_launcher():
     for path in (job["model"]["path"], job["data"]["train_files"], run_dir):  # shared storage on every pod
         for pod in every_pod:
             assert any(path.startswith(m["mountPath"] + "/") for m in pod["containers"][0]["volumeMounts"]), (path, pod)
-    # the CLI accepts the entrypoint's options
-    from services.cli import run as run_cli
+    # meshrl's own parser accepts the entrypoint as it is
+    from services.cli import build_parser
+    from services.entrypoint import parse_with_overrides
 
-    import argparse
-
-    p = argparse.ArgumentParser()
-    run_cli.add_arguments(p)
-    args = p.parse_args(argv[2:])
-    assert args.launcher == "ray" and args.no_progress
+    args = parse_with_overrides(build_parser(), argv[1:])
+    assert args.launcher == "ray" and args.no_progress and "services.host=0.0.0.0" in args.overrides
 
 
 def test_the_image_carries_the_ray_the_cluster_declares():
