@@ -116,8 +116,11 @@ class ServiceActor:
 
         from services.net import free_port
 
-        ip = ray.util.get_node_ip_address()
-        return {"ip": ip, "node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
+        node_id = ray.get_runtime_context().get_node_id()
+        # the address the node was started with (`ray start --node-ip-address`), as the cluster knows it
+        ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+                  None) or ray.util.get_node_ip_address()
+        return {"ip": ip, "node_id": node_id, "hostname": socket.gethostname(),
                 "actor_pid": os.getpid(), "ports": [free_port(ip) for _ in range(int(ports))]}
 
     def start(self, module: str, view_yaml: str, view_path: str, log_path: str, env: dict[str, str]) -> dict[str, Any]:
@@ -139,8 +142,10 @@ class ServiceActor:
                     env=dict(os.environ, PYTHONUNBUFFERED="1", **env), start_new_session=True,
                 )  # fmt: skip
             # the guard: kills the service's process group once this actor's worker is gone
+            # (in a session of its own: a signal to the worker's process group does not take it along)
             self.guard = subprocess.Popen([sys.executable, "-m", "services.launch.ray_services", "guard",
-                                           str(self.proc.pid)], stdin=subprocess.DEVNULL)  # fmt: skip
+                                           str(self.proc.pid)], stdin=subprocess.DEVNULL,
+                                          start_new_session=True)  # fmt: skip
             return {"pid": self.proc.pid}
 
     def wait_ready(self, timeout: float) -> dict[str, Any]:
@@ -466,16 +471,18 @@ class RayServiceProcess:
 
     def stop(self, grace: float = 20.0) -> int | None:
         """SIGTERM (SIGKILL after ``grace``) on its node, then end the actor."""
-        if self.actor is not None and self._exit_ref is not None and self.returncode is None:
+        self._drop_actor(grace)
+        return self.wait_exit(5.0) if self._exit_ref is not None else self._exit
+
+    def _drop_actor(self, grace: float = 0.0) -> None:
+        """Stop the service on its node -- and whatever of its process group is left, even
+        once the service itself exited (a replica's vLLM engine outlives it otherwise) --
+        then end the actor. An actor that does not answer (its node gone) is just ended."""
+        if self.actor is not None and self._exit_ref is not None:
             try:
                 self.ray.get(self.actor.stop.remote(float(grace)), timeout=grace + CALL_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the actor may be dead already; killing it below is what matters
                 pass
-        code = self.wait_exit(5.0) if self._exit_ref is not None else self._exit
-        self._drop_actor()
-        return code
-
-    def _drop_actor(self) -> None:
         if self.actor is not None:
             try:
                 self.ray.kill(self.actor, no_restart=True)

@@ -17,7 +17,7 @@ from tests.integration.job_faults_support import Job, assert_ledger_exact
 
 import ray  # noqa: F401,E402  (the test extra installs it)
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_a_job_the_cluster_cannot_place_fails_at_once_naming_what_is_missing(tmp
 def test_services_land_where_the_spec_asks_and_survive_losing_a_node(tmp_path, tiny_model, arith_data, cluster):
     job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=4").start()
     try:
-        job.wait_step(1, timeout=400)
+        job.wait_step(1, timeout=900)
         placed = _placed(cluster)
         assert set(placed) == {"trainer", "rollout-0", "reward-0"}, placed
         nodes = {n["node_id"]: n["resources_total"] for n in cluster.nodes()}
