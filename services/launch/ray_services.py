@@ -245,6 +245,10 @@ class RayPlacement:
         except ImportError:
             raise ServiceFailed("services.launcher=ray needs Ray: pip install 'meshrl[ray]'") from None
         if not ray.is_initialized():
+            import logging
+
+            # (from the controller's worker thread Ray warns that it leaves SIGTERM alone: as it should)
+            logging.getLogger("ray._private.worker").setLevel(logging.ERROR)
             try:
                 ray.init(address=self.address, namespace=self.cfg.namespace, log_to_driver=False,
                          configure_logging=False)  # fmt: skip

@@ -7,6 +7,7 @@ other node with the resource and the job completes with nothing lost or trained 
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -49,9 +50,9 @@ def _placed(cluster: RayNodes) -> dict[str, dict]:
     """Live service actors of the job by service name (``meshrl-<job>-<tag>-<service>-<id>``)."""
     out = {}
     for a in cluster.actors():
-        if a["state"] == "ALIVE" and a["class_name"] == "ServiceActor":
-            service = "-".join(a["name"].split("-")[-3:-1])
-            out[service] = a
+        m = re.search(r"-(trainer|rollout-\d+|reward-\d+)-[0-9a-f]{6}$", a.get("name") or "")
+        if a["state"] == "ALIVE" and a["class_name"] == "ServiceActor" and m:
+            out[m.group(1)] = a
     return out
 
 
