@@ -142,9 +142,10 @@ class ServiceActor:
                     env=dict(os.environ, PYTHONUNBUFFERED="1", **env), start_new_session=True,
                 )  # fmt: skip
             # the guard: kills the service's process group once this actor's worker is gone
-            # (in a session of its own: a signal to the worker's process group does not take it along)
+            # (it detaches itself: a worker that exits kills its own children, and the guard must
+            # outlive this worker to do its job)
             self.guard = subprocess.Popen([sys.executable, "-m", "services.launch.ray_services", "guard",
-                                           str(self.proc.pid)], stdin=subprocess.DEVNULL,
+                                           str(self.proc.pid), str(os.getpid())], stdin=subprocess.DEVNULL,
                                           start_new_session=True)  # fmt: skip
             return {"pid": self.proc.pid}
 
@@ -185,8 +186,7 @@ class ServiceActor:
         code = terminate_then_kill(self.proc, grace=grace)
         _kill_group(self.proc.pid)
         if self.guard is not None:
-            self.guard.kill()
-            self.guard.wait(timeout=10)
+            self.guard.wait(timeout=10)  # the detaching parent: exits at once; the guard ends with the group
         return code
 
     def tail(self, lines: int = 25) -> str:
@@ -200,12 +200,14 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def guard_main(pgid: int) -> int:
-    """Kill process group ``pgid`` once our parent (the service's actor worker) is gone;
-    exit by itself once the group is empty."""
-    parent = os.getppid()
+def guard_main(pgid: int, watched: int) -> int:
+    """Kill process group ``pgid`` once process ``watched`` (the service's actor worker) is
+    gone; exit by itself once the group is empty. Detaches first (double fork): the worker
+    kills its direct children when it exits, which must not include its guard."""
+    if os.fork():
+        return 0
     while True:
-        if os.getppid() != parent:
+        if not _alive(watched):
             _kill_group(pgid)
             return 0
         try:
@@ -215,6 +217,14 @@ def guard_main(pgid: int) -> int:
         except PermissionError:
             pass
         time.sleep(GUARD_POLL_S)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -526,7 +536,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "guard":
-        sys.exit(guard_main(int(sys.argv[2])))
-    print("usage: python -m services.launch.ray_services guard PGID", file=sys.stderr)
+    if len(sys.argv) == 4 and sys.argv[1] == "guard":
+        os._exit(guard_main(int(sys.argv[2]), int(sys.argv[3])))
+    print("usage: python -m services.launch.ray_services guard PGID WORKER_PID", file=sys.stderr)
     sys.exit(2)

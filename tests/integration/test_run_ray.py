@@ -41,7 +41,7 @@ def arith_data(tmp_path_factory):
 
 def _ray_job(run_dir, model, data, cluster, *overrides) -> Job:
     return Job(run_dir, model, data, "services.launcher=ray", f"services.ray.address={cluster.address}",
-               "services.ray.placement_timeout_s=120", "services.trainer.ray.resources={trainer: 1}",
+               "services.ray.placement_timeout_s=120", "services.restart.stall_timeout_s=900", "services.trainer.ray.resources={trainer: 1}",
                "services.rollout.ray.resources={rollout: 1}", "services.reward.ray.resources={reward: 1}",
                *overrides)  # fmt: skip
 
