@@ -53,6 +53,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when ``host:port`` accepts a TCP connection within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for_port(host: str, port: int, timeout: float, proc=None) -> None:
     """Block until ``host:port`` accepts TCP connections.
 
@@ -63,13 +72,11 @@ def wait_for_port(host: str, port: int, timeout: float, proc=None) -> None:
     while True:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode} before {host}:{port} opened")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{host}:{port} did not open within {timeout:.1f}s") from None
-            time.sleep(0.05)
+        if port_open(host, port):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{host}:{port} did not open within {timeout:.1f}s")
+        time.sleep(0.05)
 
 
 def terminate_then_kill(proc, grace: float = 5.0) -> int | None:

@@ -215,24 +215,22 @@ class JobManager:
             self.store.add_event(row.id, "started", f"launcher {self.launcher.kind}")
 
     def pause(self, job_id: str) -> JobRow:
-        with self._lock:
-            row = self.get(job_id)
-            if row.state != JobState.RUNNING.value:
-                raise JobConflict(f"job {job_id} is {row.state}; only a running job can be paused")
-            self._control(row, self.launcher.pause)
-            self.store.update(job_id, state=JobState.PAUSED.value)
-            self.store.add_event(job_id, "paused", "by request")
-        return self._wait_state(job_id, JobState.PAUSED)
+        return self._switch(job_id, JobState.RUNNING, JobState.PAUSED, self.launcher.pause, "paused")
 
     def resume(self, job_id: str) -> JobRow:
+        return self._switch(job_id, JobState.PAUSED, JobState.RUNNING, self.launcher.resume, "resumed")
+
+    def _switch(self, job_id: str, before: JobState, after: JobState, action, event: str) -> JobRow:
+        """Move a job from ``before`` to ``after`` with the launcher's ``action`` (pause or
+        resume); JobConflict from any other state."""
         with self._lock:
             row = self.get(job_id)
-            if row.state != JobState.PAUSED.value:
-                raise JobConflict(f"job {job_id} is {row.state}; only a paused job can be resumed")
-            self._control(row, self.launcher.resume)
-            self.store.update(job_id, state=JobState.RUNNING.value)
-            self.store.add_event(job_id, "resumed", "by request")
-        return self._wait_state(job_id, JobState.RUNNING)
+            if row.state != before.value:
+                raise JobConflict(f"job {job_id} is {row.state}; only a {before.value} job can be {event}")
+            self._control(row, action)
+            self.store.update(job_id, state=after.value)
+            self.store.add_event(job_id, event, "by request")
+        return self._wait_state(job_id, after)
 
     def cancel(self, job_id: str) -> JobRow:
         """Mark the job cancelled at once; the launcher stops it in the background

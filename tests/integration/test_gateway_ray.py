@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from services.launch.base import JobState, LaunchError
-from services.net import free_port
+from services.net import free_port, port_open
 from tests.integration.gateway_support import FAKE_JOB, VALID_SPEC, VALID_SPEC_YAML, auth, running_gateway, wait_until
 
 import ray  # noqa: E402  (the test extra installs it)
@@ -38,7 +38,7 @@ def ray_cluster(tmp_path_factory):
     )  # fmt: skip
     address = f"127.0.0.1:{port}"
     try:
-        wait_until(lambda: proc.poll() is not None or _gcs_up(port), timeout=90, what="ray head")
+        wait_until(lambda: proc.poll() is not None or port_open("127.0.0.1", port), timeout=90, what="ray head")
         assert proc.poll() is None, "ray start --head exited"
         yield address
     finally:
@@ -51,16 +51,6 @@ def ray_cluster(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _gcs_up(port: int) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _launcher(address: str, **env):

@@ -507,10 +507,7 @@ def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: s
         for p in (proc, proc2):
             if p is not None:
                 p.kill()
-        try:
-            sub_future.result(timeout=60)
-        finally:
-            pub.close()
+        _end_subscriber(sub_future, pub)
 
 
 @pytest.mark.xfail(reason="shares the module's engine with the test above: when that one fails half-way the "
@@ -555,12 +552,7 @@ def test_restarted_trainer_rolls_replicas_back(rig, tiny_model: str) -> None:
         assert second.wait_for_replicas(1, timeout=30, served_version=v + 1)
     finally:
         stop.set()
-        try:
-            sub_future.result(timeout=60)
-        finally:
-            first.close()
-            if second is not None:
-                second.close()
+        _end_subscriber(sub_future, first, second)
 
 
 def test_channel_streams_split_bf16_buckets_into_the_worker(rig, tiny_model: str) -> None:
@@ -616,10 +608,18 @@ def test_channel_streams_split_bf16_buckets_into_the_worker(rig, tiny_model: str
         assert _greedy(el, replica, _prompt(tiny_model, "1+1="), "bf16-after")[0]
     finally:
         stop.set()
-        try:
-            sub_future.result(timeout=60)
-        finally:
-            pub.close()
+        _end_subscriber(sub_future, pub)
+
+
+def _end_subscriber(sub_future, *publishers) -> None:
+    """After ``stop`` was set: the subscriber loop must end within a minute; the publishers
+    (None for one never started) are closed whatever it did."""
+    try:
+        sub_future.result(timeout=60)
+    finally:
+        for pub in publishers:
+            if pub is not None:
+                pub.close()
 
 
 def _children(pid: int) -> list[int]:

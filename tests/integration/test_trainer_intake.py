@@ -21,6 +21,14 @@ def _cfg(server):
     return RedisQueueConfig(url=server.url, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
 
 
+async def _pair(server):
+    """A producer and the trainer's consumer of the ``experience`` stream (its group made)."""
+    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    return producer, consumer
+
+
 @pytest.fixture(params=["redis", "embedded"])
 def server(request):
     """Each intake test runs on both queue backends."""
@@ -34,11 +42,9 @@ def _group(uid: str, versions: list[int], response_len: int = 5, prompt_len: int
 
 
 async def test_stale_samples_are_dropped_counted_and_acked_after_commit(server):
-    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
+    producer, consumer = await _pair(server)
     # current version 5, max_staleness 1: versions 4 and 5 are fresh, 3 and below stale, and
     # 6 and above come from a run that died after its last checkpoint (this one resumed at 5).
-    await consumer.depth()
     await producer.put(
         [
             _group("fresh", [5, 5]),
@@ -108,9 +114,7 @@ async def test_timeout_when_batch_never_fills(server):
 
 
 async def test_skipped_nonfinite_step_is_recorded_honestly(server):
-    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
-    await consumer.depth()
+    producer, consumer = await _pair(server)
     await producer.put([_group("nan", [0, 0])])
     intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2)
     pending = await intake.next_batch(0, timeout=10)
@@ -123,9 +127,7 @@ async def test_skipped_nonfinite_step_is_recorded_honestly(server):
 
 
 async def test_malformed_items_are_dropped_with_a_reason_and_training_goes_on(server, caplog):
-    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
-    await consumer.depth()
+    producer, consumer = await _pair(server)
     no_scores = _group("no-scores", [0, 0])
     no_scores.pop(batch_keys=["token_level_scores"])
     bad_shape = _group("bad-shape", [0, 0])
@@ -145,9 +147,7 @@ async def test_malformed_items_are_dropped_with_a_reason_and_training_goes_on(se
 async def test_a_failed_score_is_trained_as_zero_and_a_rollout_error_is_dropped(server):
     import numpy as np
 
-    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
-    await consumer.depth()
+    producer, consumer = await _pair(server)
     g = _group("mixed-errors", [0, 0, 0])
     g.non_tensor_batch["error"] = np.array(["", "reward timeout: scorer call exceeded its deadline",
                                             "prompt item has no raw_prompt_ids column"], dtype=object)
@@ -164,9 +164,7 @@ async def test_a_failed_score_is_trained_as_zero_and_a_rollout_error_is_dropped(
 
 
 async def test_deferred_acks_wait_for_the_checkpoint_and_a_restart_trains_nothing_twice(server):
-    producer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
-    await consumer.depth()
+    producer, consumer = await _pair(server)
     await producer.put([_group(f"g{i}", [0, 0]) for i in range(3)])
     intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2, defer_acks=True)
     first = await intake.next_batch(0, timeout=10)
