@@ -116,7 +116,16 @@ async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: floa
             return False  # a new version is arriving: load that instead
 
 
-async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Event, poll_s: float = 1.0) -> None:
+#: How often the loop asks the worker for its channel state without a note from it (a lost
+#: note's worst delay). Every ask is a ``collective_rpc``, after which vLLM's worker busy-polls
+#: its message queue for one second; asking every second kept an idle replica's worker
+#: spinning on a whole core for ever -- on a shared machine it starved the other replicas'
+#: workers (vLLM binds them all to the same core by default). Notes (welcome, update, fatal)
+#: wake the loop at once, so the fallback can be slow.
+STATE_POLL_S = 5.0
+
+
+async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Event, poll_s: float = STATE_POLL_S) -> None:
     """Apply updates from the worker's connected receiver until ``stop`` is set."""
     engine = replica.engine
     timeout = cfg.transfer_timeout_s

@@ -421,10 +421,12 @@ def _wait(pred, timeout: float = DEADLINE_S, what: str = "condition") -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.xfail(reason="known bug, open: after a weight version arrives through the channel, the replica "
-                   "*process* (python -m rollout_svc) reports the new version but its Generate RPC never answers "
-                   "(DEADLINE_EXCEEDED at 120 s); the in-process replica is fine. Seen in the fresh-clone CI run "
-                   "of 2026-11-24 and reproduced alone; not yet diagnosed", strict=False)
+@pytest.mark.xfail(reason="seen failing: the replica *process* reported the new version but its Generate RPC "
+                   "did not answer within 120 s. Diagnosed with py-spy: both engines' vLLM workers are bound to "
+                   "core 0 and the in-process subscriber's state poll (a collective_rpc every second) kept its "
+                   "worker busy-polling vLLM's message queue, starving the other replica's worker. The poll is "
+                   "now 5 s (rollout_svc.subscriber.STATE_POLL_S); kept non-strict until CI shows it passing "
+                   "again and again", strict=False)
 def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: str, tmp_path) -> None:
     import yaml
     from safetensors.torch import load_file
