@@ -122,7 +122,9 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     await _put(url, "b", 0, 2 * N_PER_STEP, vocab)
     run = Trainer(cfg_b, "trainer.total_steps=4", "trainer.save_freq=1")
     latest = b / "ckpt" / "latest_checkpointed_iteration.txt"
-    run.wait_for(lambda: latest.exists() and latest.read_text() == "2", "checkpoint of step 2")
+    # (a step's metrics line is written after its checkpoint: it carries the checkpoint's time)
+    run.wait_for(lambda: latest.exists() and latest.read_text() == "2" and len(_steps(b / "steps.jsonl")) == 2,
+                 "checkpoint and metrics line of step 2")
     run.kill_tree(signal.SIGKILL)
     run.wait()
     assert len(_steps(b / "steps.jsonl")) == 2
