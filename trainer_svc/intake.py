@@ -46,6 +46,9 @@ class PendingBatch:
     ``dropped_ids``: sample ids dropped (stale or failed) from items being acked with it.
     ``staleness``: ``current_version - policy_version`` per trained sample.
     ``cursor``: source position after this batch (synthetic: the step number).
+    ``dropped_stale`` / ``dropped_error`` / ``scored_failed``: sample counts of the items
+    being acked with it, added to the counters when the step commits (an item handed back
+    by a stop or a timeout is screened again when it comes back, so it must not count twice).
     """
 
     data: DataProto
@@ -54,6 +57,9 @@ class PendingBatch:
     staleness: list[int] = field(default_factory=list)
     cursor: int = 0
     wait_seconds: float = 0.0
+    dropped_stale: int = 0
+    dropped_error: int = 0
+    scored_failed: int = 0
 
 
 @dataclass
@@ -121,6 +127,9 @@ def validate_experience(data: DataProto) -> None:
 
 def _count(c: IntakeCounters, pending: PendingBatch, applied: bool, groups: int) -> None:
     c.groups += groups
+    c.dropped_stale += pending.dropped_stale
+    c.dropped_error += pending.dropped_error
+    c.scored_failed += pending.scored_failed
     if applied:
         c.samples_trained += len(pending.data)
     else:
@@ -215,8 +224,10 @@ class QueueIntake:
         deadline = t0 + timeout
         groups: list[DataProto] = []
         items: list[Any] = []
+        taken: set[Any] = set()  # entry ids in this batch
         dropped_ids: list[str] = []
         staleness: list[int] = []
+        counts = {"dropped_stale": 0, "dropped_error": 0, "scored_failed": 0}
         while len(groups) < self.train_batch_size:
             if should_stop():
                 return None
@@ -233,6 +244,11 @@ class QueueIntake:
             else:
                 got = await self.queue.get(max_items=want, timeout=self.poll_s)
             for item in got:
+                if item.id in taken:
+                    # our own lease, idle past lease_idle_s while this batch waited for the rest,
+                    # handed back to us: it is in the batch already (the queue's dedupe lets the
+                    # same entry through again, so only the consumer can tell)
+                    continue
                 data = item.data
                 sids = _column(data, "sample_id")
                 ids = [str(s) for s in sids] if sids is not None else []
@@ -249,16 +265,18 @@ class QueueIntake:
                     self.counters.dropped_error += len(data)
                     await self.queue.ack(item, stage="dropped")
                     continue
-                self.counters.dropped_stale += n_stale
-                self.counters.dropped_error += n_err
-                self.counters.scored_failed += n_failed
-                gone = [ids[i] for i in range(len(ids)) if not bool(keep[i])]
                 if not bool(keep.any()):
+                    self.counters.dropped_stale += n_stale
+                    self.counters.dropped_error += n_err
                     await self.queue.ack(item, stage="dropped")
                     continue
+                counts["dropped_stale"] += n_stale
+                counts["dropped_error"] += n_err
+                counts["scored_failed"] += n_failed
                 groups.append(data if bool(keep.all()) else data.select_idxs(keep))
                 items.append(item)
-                dropped_ids.extend(gone)
+                taken.add(item.id)
+                dropped_ids.extend(ids[i] for i in range(len(ids)) if not bool(keep[i]))
                 staleness.extend(lag)
         batch = collate_groups(groups)
         return PendingBatch(
@@ -268,6 +286,7 @@ class QueueIntake:
             staleness=staleness,
             cursor=self.counters.batches + 1,
             wait_seconds=time.monotonic() - t0,
+            **counts,
         )
 
     async def commit(self, pending: PendingBatch, applied: bool = True) -> None:

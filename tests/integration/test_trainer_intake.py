@@ -61,7 +61,9 @@ async def test_stale_samples_are_dropped_counted_and_acked_after_commit(server):
     assert uids == ["fresh", "fresh", "mixed", "fresh2", "fresh2"]
     assert list(pending.data.non_tensor_batch["sample_id"]) == ["fresh/0", "fresh/1", "mixed/0", "fresh2/0", "fresh2/1"]
     assert pending.staleness == [0, 0, 1, 1, 1]
-    assert intake.counters.dropped_stale == 5  # all-stale/0, all-stale/1, future/0, future/1, mixed/1
+    # dropped at once: all-stale/0, all-stale/1, future/0, future/1; mixed/1 counts when its
+    # item is acked with the step (it goes back unacked if the step never commits)
+    assert intake.counters.dropped_stale == 4 and pending.dropped_stale == 1
     assert pending.dropped_ids == ["mixed/1"]
     # collated to the longest prompt (6) and response (7)
     assert tuple(pending.data.batch["responses"].shape) == (5, 7)
@@ -77,6 +79,7 @@ async def test_stale_samples_are_dropped_counted_and_acked_after_commit(server):
     stages = await consumer.stages(["fresh/0", "fresh2/1", "mixed/0", "mixed/1"])
     assert stages == {"fresh/0": "trained", "fresh2/1": "trained", "mixed/0": "trained", "mixed/1": "dropped"}
     assert intake.counters.samples_trained == 5 and intake.counters.batches == 1
+    assert intake.counters.dropped_stale == 5
     await producer.close()
     await consumer.close()
 
@@ -155,8 +158,9 @@ async def test_a_failed_score_is_trained_as_zero_and_a_rollout_error_is_dropped(
     intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2)
     pending = await intake.next_batch(0, timeout=10)
     assert list(pending.data.non_tensor_batch["sample_id"]) == ["mixed-errors/0", "mixed-errors/1"]
-    assert intake.counters.scored_failed == 1 and intake.counters.dropped_error == 1
+    assert intake.counters.scored_failed == 0 and intake.counters.dropped_error == 0  # counted at commit
     await intake.commit(pending)
+    assert intake.counters.scored_failed == 1 and intake.counters.dropped_error == 1
     assert await consumer.stages(["mixed-errors/1", "mixed-errors/2"]) == {
         "mixed-errors/1": "trained", "mixed-errors/2": "dropped"}
     await producer.close()
@@ -184,5 +188,29 @@ async def test_deferred_acks_wait_for_the_checkpoint_and_a_restart_trains_nothin
     await again.commit(batch)
     await again.acks_due()
     assert await consumer.depth() == 1  # g2 waits
+    await producer.close()
+    await consumer.close()
+
+
+async def test_an_own_lease_handed_back_while_the_batch_fills_is_not_trained_twice(server):
+    """The trainer's own lease idles past ``lease_idle_s`` while it waits for the rest of the
+    batch (a frozen replica): the queue hands the same entry back to it. It must not go into
+    the batch a second time, and a group screened for a batch that never commits must not
+    count its drops twice."""
+    cfg = _cfg(server).model_copy(update={"lease_idle_s": 0.6})
+    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    await producer.put([_group("early", [0, 1])])  # at v1 with max_staleness 0, early/0 is stale
+    intake = QueueIntake(consumer, train_batch_size=2, max_staleness=0, poll_s=0.2)
+    with pytest.raises(TimeoutError):  # only one group arrives: the step never fills
+        await intake.next_batch(1, timeout=3.0)
+    assert intake.counters.dropped_stale == 0  # early/0 (v0 at v1) is not counted: its item went back
+    await producer.put([_group("late", [1, 1])])
+    pending = await intake.next_batch(1, timeout=10)
+    assert sorted(pending.data.non_tensor_batch["sample_id"]) == ["early/1", "late/0", "late/1"]
+    await intake.commit(pending)
+    assert intake.counters.dropped_stale == 1 and intake.counters.samples_trained == 3
+    assert await consumer.stages(["early/0", "early/1"]) == {"early/0": "dropped", "early/1": "trained"}
     await producer.close()
     await consumer.close()
