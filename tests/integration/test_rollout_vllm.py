@@ -421,12 +421,6 @@ def _wait(pred, timeout: float = DEADLINE_S, what: str = "condition") -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.xfail(reason="seen failing: the replica *process* reported the new version but its Generate RPC "
-                   "did not answer within 120 s. Diagnosed with py-spy: both engines' vLLM workers are bound to "
-                   "core 0 and the in-process subscriber's state poll (a collective_rpc every second) kept its "
-                   "worker busy-polling vLLM's message queue, starving the other replica's worker. The poll is "
-                   "now 5 s (rollout_svc.subscriber.STATE_POLL_S); kept non-strict until CI shows it passing "
-                   "again and again", strict=False)
 def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: str, tmp_path) -> None:
     import yaml
     from safetensors.torch import load_file
@@ -512,8 +506,6 @@ def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: s
         _end_subscriber(sub_future, pub)
 
 
-@pytest.mark.xfail(reason="shares the module's engine with the test above: when that one fails half-way the "
-                   "engine still serves its zeroed weights; passes when run alone", strict=False)
 def test_restarted_trainer_rolls_replicas_back(rig, tiny_model: str) -> None:
     """A trainer killed after publishing v+3 resumes from a checkpoint at v+1: its publisher
     is a new session whose versions are lower than what the replica serves. The replica
