@@ -126,6 +126,7 @@ class Replica:
         self.weights_session = 0  # weight-channel session of the served version (0: initial weights)
         self.rate = RateTracker()
         self._tasks: set[asyncio.Task] = set()
+        self._leased_ids: set[Any] = set()  # entry ids of the prompt items being generated
         self._slot_free = asyncio.Event()
         # finished items waiting to be written: (lease, packed groups, done future)
         self._outbox: list[tuple[Any, list, asyncio.Future]] = []
@@ -284,6 +285,7 @@ class Replica:
             log.exception("replica %s: group %s failed; leaving it leased for reclaim", self.name, leased.id)
             self.metrics.failed_items.inc()
         finally:
+            self._leased_ids.discard(leased.id)
             self.groups_in_flight -= 1
             self._slot_free.set()
 
@@ -308,6 +310,12 @@ class Replica:
                 await asyncio.sleep(min(1.0, self.cfg.lease_timeout_s))
                 continue
             for it in items:
+                if it.id in self._leased_ids:
+                    # our own lease, idle past queues.lease_idle_s while its group generates
+                    # (a slow machine, a long weight update), handed back to us: generating it
+                    # twice would only waste the engine; the first run acks it
+                    continue
+                self._leased_ids.add(it.id)
                 age = _stream_id_age_s(str(it.id))
                 if age is not None:
                     self.metrics.queue_lag.observe(age)

@@ -102,3 +102,44 @@ def test_a_failed_write_keeps_every_item_leased(broker) -> None:
     res, depth = asyncio.run(scenario())
     assert len(res) == 3 and all(isinstance(r, QueueFullError) for r in res), res
     assert depth == 3  # nothing acknowledged: all three are reclaimed and generated again
+
+
+def test_an_own_lease_handed_back_while_its_group_generates_is_not_generated_twice(broker) -> None:
+    """Generation outlasts ``lease_idle_s`` (a loaded machine, a long weight update): the
+    replica's own get hands the same prompt item back to it. It must not start that group a
+    second time; the first generation delivers and acks it."""
+    from rollout_svc.replica import Replica
+    from services.config.rollout import RolloutConfig
+
+    class SlowReplica(Replica):
+        calls: list[str] = []
+
+        async def generate_item(self, data):  # the engine's place: slower than the lease
+            uid = str(data.non_tensor_batch["uid"][0])
+            self.calls.append(uid)
+            await asyncio.sleep(2.0)
+            return [_group(uid)]
+
+    async def scenario():
+        from services.queues import make_queue
+
+        feeder, _, rollouts, sink = _queues(broker.address)
+        prompts = make_queue(parse_queue_config({"type": "embedded", "address": broker.address, "lease_idle_s": 0.5}),
+                             stream="prompts", group="rollout", consumer="r0")
+        await feeder.put([_prompt_item(f"p{i}") for i in range(3)])
+        replica = SlowReplica(None, RolloutConfig(lease_timeout_s=0.2), name="r0", prompts=prompts, rollouts=rollouts)
+        stop = asyncio.Event()
+        run = asyncio.create_task(replica.run(stop))
+        await asyncio.sleep(4.0)  # several reclaim rounds while the first generations run
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+        got = await sink.get(max_items=20, timeout=5.0)
+        depth = await prompts.depth()
+        for q in (feeder, prompts, rollouts, sink):
+            await q.close()
+        return replica.calls, got, depth
+
+    calls, got, depth = asyncio.run(scenario())
+    assert sorted(calls) == ["p0", "p1", "p2"], calls  # each prompt generated once
+    assert sorted(g.data.non_tensor_batch["uid"][0] for g in got) == ["p0", "p1", "p2"]
+    assert depth == 0
