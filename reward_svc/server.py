@@ -274,6 +274,9 @@ class RewardServer:
             await stop.wait()
             return
         leased: asyncio.Queue = asyncio.Queue(maxsize=2)
+        # entry ids leased and not yet delivered: our own lease idle past lease_idle_s (a
+        # slow scorer) comes back from our own get, and must not be scored a second time
+        held: set[Any] = set()
 
         async def reader() -> None:
             """Lease batches until ``stop``; a stop interrupts a pending get at once (what it
@@ -293,17 +296,21 @@ class RewardServer:
                         log.error("reward: get from %s failed: %s", self.cfg.input_stream, exc)
                         await asyncio.wait({stopped}, timeout=min(1.0, self.cfg.get_timeout_s))
                         continue
+                    items = [it for it in items if it.id not in held]
                     if items:
+                        held.update(it.id for it in items)
                         await leased.put(items)  # the loop below always drains: bounded by one scoring
             finally:
                 stopped.cancel()
             await leased.put(None)
 
-        async def deliver(good, bad) -> None:
+        async def deliver(items, good, bad) -> None:
             try:
                 await self._deliver(good, bad)
             except Exception as exc:  # noqa: BLE001 - unacked items are redelivered after lease_idle_s
                 log.error("reward: delivery failed: %s", exc)
+            finally:
+                held.difference_update(it.id for it in items)  # delivered, or left to a later reclaim
 
         read_task = asyncio.create_task(reader())
         pending: asyncio.Task | None = None
@@ -316,10 +323,11 @@ class RewardServer:
                     good, bad = await asyncio.to_thread(self._score_and_encode, items)
                 except Exception as exc:  # noqa: BLE001 - left unacked: redelivered after lease_idle_s
                     log.error("reward: scoring %d groups failed: %s", len(items), exc)
+                    held.difference_update(it.id for it in items)
                     continue
                 if pending is not None:
                     await pending
-                pending = asyncio.create_task(deliver(good, bad))
+                pending = asyncio.create_task(deliver(items, good, bad))
         finally:
             if pending is not None:
                 await pending

@@ -303,3 +303,39 @@ async def test_stop_is_prompt_even_when_redis_is_gone(redis_server, tok_dir):
     stop.set()
     await asyncio.wait_for(task, 10.0)  # a deadline far below op_timeout_s + get_timeout_s
     await asyncio.wait_for(server.stop(), 15.0)
+
+
+@pytest.mark.redis
+async def test_an_own_lease_handed_back_while_its_batch_scores_is_not_scored_twice(broker, tok_dir, tmp_path):
+    """Scoring outlasts ``lease_idle_s`` (a slow reward function): the worker's own get hands
+    the groups it is scoring back to it. They are scored and delivered once."""
+    from services.config.queues import EmbeddedQueueConfig
+
+    slow = tmp_path / "slow_reward.py"
+    slow.write_text("import time\n"
+                    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    time.sleep(0.5)\n"
+                    "    return 1.0\n")
+    qcfg = EmbeddedQueueConfig(address=broker.address, lease_idle_s=0.3)
+    cfg = RewardConfig(get_timeout_s=0.1, get_batch=1, custom_reward_function={"path": str(slow)}, call_timeout_s=10)
+    server = await RewardServer(cfg, load_decoder(tok_dir), queue_cfg=qcfg, consumer="r0", resources=NO_GRPC).start()
+    producer = make_queue(qcfg, stream="rollouts", group="reward", consumer="rollout-0")
+    trainer = make_queue(EmbeddedQueueConfig(address=broker.address), stream="experience", group="trainer",
+                         consumer="trainer-0")
+    await trainer.depth()  # the trainer's group exists before anything is put
+    stop = asyncio.Event()
+    loop_task = asyncio.create_task(server.run(stop))
+    try:
+        await producer.put([make_group(tok_dir, ["#### 1", "#### 2"], ["1", "1"], uid=f"s{i}") for i in range(2)])
+        got = await drain(trainer, 2)
+        await asyncio.sleep(2.0)  # a second scoring of either group would have been put by now
+        assert sorted(it.data.non_tensor_batch["uid"][0] for it in got) == ["s0", "s1"]
+        assert await trainer.depth() == 0
+        scored = server.metrics.registry.get_sample_value("meshrl_reward_samples_total")
+        assert scored == 4, scored  # 2 groups x 2 samples, each scored once
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop_task, 30)
+        for q in (producer, trainer):
+            await q.close()
+        await server.stop()
