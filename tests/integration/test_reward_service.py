@@ -264,6 +264,15 @@ def test_bad_reward_function_fails_at_start_with_a_clear_message(tok_dir, tmp_pa
     assert "cannot start" in out.stderr and "nope.py" in out.stderr and "does not exist" in out.stderr
 
 
+async def _shut(stop: asyncio.Event, loop_task: asyncio.Task, server: RewardServer, *queues) -> None:
+    """Stop the service loop, close the test's queues, stop the server."""
+    stop.set()
+    await asyncio.wait_for(loop_task, 30)
+    for q in queues:
+        await q.close()
+    await server.stop()
+
+
 async def test_queue_path_on_the_embedded_broker(broker, tok_dir):
     """The same service loop on the embedded gRPC broker (the one-machine default)."""
     from services.config.queues import EmbeddedQueueConfig
@@ -282,11 +291,7 @@ async def test_queue_path_on_the_embedded_broker(broker, tok_dir):
         assert all(it.data.batch["token_level_scores"].sum(-1).tolist() == [1.0, 0.0] for it in got)
         assert await producer.depth() == 0
     finally:
-        stop.set()
-        await asyncio.wait_for(loop_task, 30)
-        for q in (producer, trainer):
-            await q.close()
-        await server.stop()
+        await _shut(stop, loop_task, server, producer, trainer)
 
 
 @pytest.mark.redis
@@ -334,8 +339,4 @@ async def test_an_own_lease_handed_back_while_its_batch_scores_is_not_scored_twi
         scored = server.metrics.registry.get_sample_value("meshrl_reward_samples_total")
         assert scored == 4, scored  # 2 groups x 2 samples, each scored once
     finally:
-        stop.set()
-        await asyncio.wait_for(loop_task, 30)
-        for q in (producer, trainer):
-            await q.close()
-        await server.stop()
+        await _shut(stop, loop_task, server, producer, trainer)
