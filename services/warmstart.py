@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from services.data.prompts import apply_template
 
@@ -84,10 +85,15 @@ def expected_exact_match(model, examples, pad: int, device: str = "cpu", batch_s
 def warm_start(model_dir: str | Path, data_files, out_dir: str | Path, *, steps: int = 200,
                batch_size: int = 32, lr: float = 2e-3, seed: int = 0, max_len: int = 64,
                device: str = "cpu", log_every: int = 50, chat_template: str | None = None,
-               examples: list[tuple[list[int], int]] | None = None) -> WarmStartResult:
+               examples: list[tuple[list[int], int]] | None = None,
+               stop_when: Callable[[Any, int], bool] | None = None, check_every: int = 5) -> WarmStartResult:
     """Supervised steps on ``data_files`` (prompt -> ground truth), or on ``examples``
     (``(token ids, number of context tokens without a loss)`` each, e.g. the turns of tool-use
-    transcripts) when given; returns the saved model's :class:`WarmStartResult`."""
+    transcripts) when given; returns the saved model's :class:`WarmStartResult`.
+
+    ``stop_when(model, step)``, called every ``check_every`` steps, ends the warm start early
+    when it returns true (e.g. once a held-out expected reward reaches a target): ``steps``
+    is then the cap."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -107,6 +113,7 @@ def warm_start(model_dir: str | Path, data_files, out_dir: str | Path, *, steps:
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     loss_val = float("nan")
+    done = 0
     for step in range(1, steps + 1):
         batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
         input_ids, attn, labels = _batch(batch, pad)
@@ -118,8 +125,14 @@ def warm_start(model_dir: str | Path, data_files, out_dir: str | Path, *, steps:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss_val = float(out.loss.detach())
+        done = step
         if log_every and step % log_every == 0:
             print(f"warm start step {step}/{steps} loss={loss_val:.4f}", flush=True)
+        if stop_when is not None and step % check_every == 0:
+            stopped = bool(stop_when(model, step))
+            model.train()
+            if stopped:
+                break
     p_correct = expected_exact_match(model, examples[:512], pad, device)
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -127,4 +140,4 @@ def warm_start(model_dir: str | Path, data_files, out_dir: str | Path, *, steps:
     gen = Path(model_dir) / "generation_config.json"
     if gen.exists() and not (out_dir / "generation_config.json").exists():
         (out_dir / "generation_config.json").write_text(gen.read_text())
-    return WarmStartResult(steps=steps, final_loss=loss_val, p_correct=p_correct, out_dir=out_dir)
+    return WarmStartResult(steps=done, final_loss=loss_val, p_correct=p_correct, out_dir=out_dir)

@@ -8,13 +8,19 @@ The tiny model (0.45M parameters) cannot multiply ``47*28`` itself. It can learn
 the calculator (``<tool_call>{"name":"calc","arguments":{"expr":"47*28"}}</tool_call>``)
 and copy the tool's answer. This script:
 
-1. builds the tiny model (``OUT/model``) and writes ``a*b=`` prompts with ``10 <= a, b <= 99``
-   in verl's parquet format (``OUT/data``; data source ``meshrl/arith``, so the built-in
-   scorer rewards the last integer of the trajectory);
-2. warm-starts it briefly (``OUT/model-warm``) on tool-use transcripts, cut into turns:
-   prompt -> call, and prompt + call + observation -> answer. The observation is rendered
-   exactly as the agent loop renders it. The warm start stops early, so the model knows the
-   format but still miscopies digits: the expected reward starts low, and RL does the rest.
+1. builds the tiny model (``OUT/model``) with :data:`CALL_TOKENS` as extra tokens, as Qwen's
+   tokenizer has ``<tool_call>`` as one token: a call is 9 tokens (4 fixed, 5 copied from
+   the prompt) instead of 62 single characters;
+2. writes ``a*b=`` prompts with ``32 <= a, b <= 99`` in verl's parquet format (``OUT/data``;
+   data source ``meshrl/arith``, so the built-in scorer rewards the last integer of the
+   trajectory). Every product has four digits, so every transcript has the same layout and
+   each copied token sits at a fixed distance from its source;
+3. warm-starts it (``OUT/model-warm``) on tool-use transcripts, cut into turns: prompt ->
+   call, and prompt + call + observation -> answer. The loss is on the model's tokens only.
+   The observation is rendered exactly as the agent loop renders it. Every ``--check-every``
+   steps it measures the expected reward on held-out prompts and stops once it reaches
+   ``--target``: the model knows the format but still miscopies digits, so the reward
+   starts low and RL does the rest.
 
 It prints ``calc_example p_call=<P> p_answer=<Q> expected_reward=<P*Q>`` (exact-match
 probabilities at temperature 1 on held-out prompts).
@@ -32,8 +38,14 @@ def call_text(expr: str) -> str:
     return "<tool_call>" + json.dumps({"name": "calc", "arguments": {"expr": expr}}, separators=(",", ":")) + "</tool_call>"
 
 
-def calc_rows(n: int, *, seed: int, split: str = "train") -> list[dict]:
-    """``n`` prompts ``a*b=`` with two-digit operands (10..99), in verl's row schema."""
+#: the call's fixed parts, single tokens of the example's tokenizer
+CALL_TOKENS = ("<tool_call>", '{"name":"calc","arguments":{"expr":"', '"}}', "</tool_call>")
+
+LO, HI = 32, 99  # two-digit operands whose product has four digits: every transcript has one layout
+
+
+def calc_rows(n: int, *, seed: int, split: str = "train", lo: int = LO, hi: int = HI) -> list[dict]:
+    """``n`` prompts ``a*b=`` with operands in ``lo..hi``, in verl's row schema."""
     import random
 
     from services.data.synthetic import ARITH_SOURCE
@@ -41,7 +53,7 @@ def calc_rows(n: int, *, seed: int, split: str = "train") -> list[dict]:
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
         rows.append({"data_source": ARITH_SOURCE, "prompt": [{"role": "user", "content": f"{a}*{b}="}],
                      "ability": "arithmetic", "reward_model": {"style": "rule", "ground_truth": str(a * b)},
                      "extra_info": {"split": split, "index": i, "a": a, "b": b, "op": "*"}})
@@ -73,42 +85,61 @@ def transcript_examples(rows, tokenizer) -> tuple[list[tuple[list[int], int]], l
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m services.cli.calc_example", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/tools", help="where the model, data and warm model go")
-    ap.add_argument("--warm-steps", type=int, default=120, help="supervised warm-start steps")
-    ap.add_argument("--lr", type=float, default=2e-3, help="warm-start learning rate")
+    ap.add_argument("--target", type=float, default=0.1,
+                    help="stop the warm start once the held-out expected reward reaches this")
+    ap.add_argument("--warm-steps", type=int, default=400, help="most supervised warm-start steps")
+    ap.add_argument("--check-every", type=int, default=2, help="steps between held-out checks")
+    ap.add_argument("--lr", type=float, default=3e-3, help="warm-start learning rate")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (one is as fast for this model, and much faster on a busy machine)")
     args = ap.parse_args(argv)
-
-    import random
+    if not 0.0 < args.target <= 1.0:
+        ap.error(f"--target must be in (0, 1], got {args.target}")
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from services.data.parquet import write_rows
-    from services.modelling.tiny import build_tiny_model
+    from services.modelling.tiny import TinyModelSpec, build_tiny_model
     from services.warmstart import expected_exact_match, warm_start
 
+    torch.set_num_threads(max(1, args.threads))
     out = Path(args.out).resolve()
     model, warm, data = out / "model", out / "model-warm", out / "data"
-    if not (model / "config.json").exists():
-        build_tiny_model(model)
+    build_tiny_model(model, TinyModelSpec(seed=args.seed, added_tokens=CALL_TOKENS))  # deterministic, a second
     train = calc_rows(4000, seed=args.seed)
     test = calc_rows(200, seed=args.seed + 1, split="test")
     write_rows(train, data / "train.parquet")
     write_rows(test, data / "test.parquet")
     tok = AutoTokenizer.from_pretrained(model)
     calls, answers = transcript_examples(train, tok)
-    examples = calls + answers
-    random.Random(args.seed).shuffle(examples)
-    res = warm_start(model, [], warm, steps=args.warm_steps, lr=args.lr, seed=args.seed, max_len=256,
-                     log_every=0, examples=examples)
-    m = AutoModelForCausalLM.from_pretrained(warm, dtype=torch.float32)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     t_calls, t_answers = transcript_examples(test, tok)
-    p_call = expected_exact_match(m, t_calls, pad)
-    p_answer = expected_exact_match(m, t_answers, pad)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    seen: dict[str, float] = {}
+
+    def measure(m, n: int) -> float:
+        seen["p_call"] = expected_exact_match(m, t_calls[:n], pad)
+        seen["p_answer"] = expected_exact_match(m, t_answers[:n], pad)
+        return seen["p_call"] * seen["p_answer"]
+
+    def reached(m, step: int) -> bool:  # a cheap check on 64 held-out prompts
+        return measure(m, 64) >= args.target
+
+    res = warm_start(model, [], warm, steps=args.warm_steps, lr=args.lr, seed=args.seed, max_len=256,
+                     log_every=0, examples=calls + answers, stop_when=reached, check_every=args.check_every)
+    measure(_load(warm), len(test))  # the saved model on all held-out prompts
+    p_call, p_answer = seen["p_call"], seen["p_answer"]
     print(f"warm start: {res.steps} steps, loss {res.final_loss:.3f} -> {warm}")
     print(f"calc_example p_call={p_call:.3f} p_answer={p_answer:.3f} expected_reward={p_call * p_answer:.3f}")
     return 0
+
+
+def _load(path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
 if __name__ == "__main__":

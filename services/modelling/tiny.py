@@ -11,6 +11,8 @@ this machine (nothing is downloaded):
 - a byte-level BPE tokenizer trained with ``tokenizers`` on a small built-in corpus covering
   digits, arithmetic, letters, punctuation, ``####`` and ``\\boxed{}``; special tokens
   ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (eos) as in Qwen2-Instruct;
+- ``spec.added_tokens`` (default none) as extra single tokens, e.g. the tool-use example's
+  ``<tool_call>`` and the fixed part of its call;
 - ``tokenizer_config.json`` with a Qwen-style chat template, and ``generation_config.json``.
 
 The directory loads with ``transformers.AutoModelForCausalLM/AutoTokenizer.from_pretrained``
@@ -80,6 +82,9 @@ class TinyModelSpec:
     tie_word_embeddings: bool = True
     init_std: float = 0.02
     seed: int = 0
+    #: strings that become single (non-special) tokens, matched before BPE, as Qwen's
+    #: ``<tool_call>``; they survive ``skip_special_tokens`` decoding
+    added_tokens: tuple[str, ...] = ()
 
 
 def build_tokenizer(spec: TinyModelSpec):
@@ -126,6 +131,8 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
+    if spec.added_tokens:
+        tokenizer.add_tokens(list(spec.added_tokens))
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
     # Older readers look for the template inside tokenizer_config.json; newer ones read
