@@ -68,3 +68,5 @@ def test_warm_start_stops_when_told(calc_model: Path, tmp_path: Path) -> None:
                      stop_when=stop, check_every=3)
     assert checked == [3, 6] and res.steps == 6
     assert (tmp_path / "warm" / "model.safetensors").exists()
+    full = warm_start(calc_model, [], tmp_path / "warm2", steps=4, batch_size=2, examples=examples, log_every=0)
+    assert full.steps == 4  # without stop_when every step runs
