@@ -197,8 +197,10 @@ class RolloutEngine:
             return f"prompt token id {t} is outside the vocabulary [0, {self.vocab_size})"
         return ""
 
-    def sampling_params(self, sampling: SamplingConfig, seed: int | None):
-        """vLLM ``SamplingParams`` for one sample (n=1; groups are n separate requests)."""
+    def sampling_params(self, sampling: SamplingConfig, seed: int | None, *, max_tokens: int | None = None,
+                        stop: list[str] | None = None):
+        """vLLM ``SamplingParams`` for one sample (n=1; groups are n separate requests);
+        ``max_tokens`` / ``stop`` (added to ``rollout.stop``): one request's own."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -210,12 +212,12 @@ class RolloutEngine:
             top_p=1.0 if greedy else sampling.top_p,
             top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k,
             seed=None if greedy else seed,
-            max_tokens=c.response_length,
-            stop=list(c.stop) or None,
+            max_tokens=c.response_length if max_tokens is None else int(max_tokens),
+            stop=[*c.stop, *(stop or [])] or None,
             stop_token_ids=list(c.stop_token_ids) or None,
             ignore_eos=c.ignore_eos,
             logprobs=0 if c.calculate_log_probs else None,
-            detokenize=bool(c.stop),
+            detokenize=bool(c.stop or stop),
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
@@ -225,23 +227,27 @@ class RolloutEngine:
             return None
         return (self.cfg.seed * 1_000_003 + zlib.crc32(sample_id.encode())) % (2**31 - 1)
 
-    async def generate_one(self, prompt_ids: list[int], sampling: SamplingConfig, sample_id: str) -> Sample:
-        """Generate one sample; failures become ``Sample.error`` (never raised)."""
+    async def generate_one(self, prompt_ids: list[int], sampling: SamplingConfig, sample_id: str, *,
+                           max_tokens: int | None = None, seed_key: str | None = None,
+                           stop: list[str] | None = None) -> Sample:
+        """Generate one sample; failures become ``Sample.error`` (never raised). Keywords as
+        ``_generate_checked`` (the OpenAI endpoint sets them per request)."""
         err = self.check_prompt(prompt_ids)
         if err:
             return Sample(prompt_ids=[], policy_version=self.version, finish_reason="error", error=err)
-        return await self._generate_checked([int(t) for t in prompt_ids], sampling, sample_id)
+        return await self._generate_checked([int(t) for t in prompt_ids], sampling, sample_id, max_tokens=max_tokens,
+                                            seed_key=seed_key, stop=stop)
 
     async def _generate_checked(
         self, ids: list[int], sampling: SamplingConfig, sample_id: str, *, max_tokens: int | None = None,
-        seed_key: str | None = None,
+        seed_key: str | None = None, stop: list[str] | None = None,
     ) -> Sample:
         """``generate_one`` for a prompt ``check_prompt`` accepted (``ids``: a list of ints).
         ``max_tokens`` caps this request (default ``response_length``); ``seed_key`` replaces
-        ``sample_id`` in the seed (the agent loop seeds each turn of a trajectory on its own)."""
-        params = self.sampling_params(sampling, self.sample_seed(seed_key or sample_id))
-        if max_tokens is not None:
-            params.max_tokens = int(max_tokens)
+        ``sample_id`` in the seed (the agent loop seeds each turn of a trajectory on its own);
+        ``stop``: stop strings of this request, on top of ``rollout.stop``."""
+        params = self.sampling_params(sampling, self.sample_seed(seed_key or sample_id), max_tokens=max_tokens,
+                                      stop=stop)
         request_id = f"{sample_id}#{self._request_prefix}-{next(self._request_seq)}"
         version = self.version
         self.in_flight += 1

@@ -38,6 +38,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("config", "services.cli.config_schema", "list every job spec key with its type, default and description"),
     Subcommand("views", "services.cli.views", "write each service's config (its view of a job) to a directory"),
     Subcommand("gateway", "services.cli.gateway", "serve the REST + gRPC control plane and the dashboard (jobs in SQLite/PostgreSQL)"),
+    Subcommand("serve", "services.cli.serve", "serve a running job's live policy through Ray Serve (OpenAI-compatible API)"),
     Subcommand("export", "services.cli.export", "write a trainer checkpoint as a Hugging Face model directory"),
     Subcommand("make-dataset", "services.cli.make_dataset", "write a built-in task, or convert a local GSM8K/MATH file, to verl parquet"),
     Subcommand("worker", "services.cli.worker", "a deployment's service container: run a service for each job the gateway hands out"),

@@ -141,7 +141,7 @@ def test_the_image_carries_the_ray_the_cluster_declares():
     docker = (KUBERAY / "Dockerfile").read_text()
     version = docs()["RayJob"]["spec"]["rayClusterSpec"]["rayVersion"]
     assert re.search(r"^FROM meshrl:cpu$", docker, re.M)
-    assert f'"ray[default]=={version}"' in docker
+    assert f'"ray[default,serve]=={version}"' in docker
     assert version == ray.__version__, "the example pins the Ray the tests run against"
     images = {c["image"] for t in [docs()["RayJob"]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"],
                                    *(g["template"] for g in _groups(docs()["RayJob"]))]
