@@ -35,6 +35,7 @@ from services.config.views import RolloutView
 log = logging.getLogger(__name__)
 
 MAX_CHOICES = 16
+ABORT_RETRIES = 3
 
 
 class OpenAIError(Exception):
@@ -172,7 +173,7 @@ class PolicyServer:
         req = parse(CompletionRequest, body)
         self._check_model(req.model)
         if isinstance(req.prompt, str):
-            ids = self.tokenizer.encode(req.prompt, add_special_tokens=False)
+            ids = self.tokenizer.encode(req.prompt)  # special tokens as the tokenizer adds them (as vLLM's server)
         else:
             ids = list(req.prompt)
         choices, version, usage = await self._generate(ids, req, req.max_tokens)
@@ -221,10 +222,19 @@ class PolicyServer:
         rid = uuid.uuid4().hex
         seed_base = f"openai-{req.seed}" if req.seed is not None else rid
         self.requests += 1
-        samples = await asyncio.gather(*(
-            self.engine.generate_one(ids, sampling, f"{self.name}-{rid}/{k}", max_tokens=max_tokens,
-                                     seed_key=f"{seed_base}/{k}", stop=stop)
-            for k in range(req.n)))  # fmt: skip
+
+        async def one(k: int):
+            # with rollout.on_weight_update=abort_requeue a new version aborts what is generating:
+            # generate it again on the new weights (as the replicas regenerate a group)
+            for attempt in range(ABORT_RETRIES + 1):
+                s = await self.engine.generate_one(ids, sampling, f"{self.name}-{rid}/{k}.{attempt}",
+                                                   max_tokens=max_tokens, seed_key=f"{seed_base}/{k}", stop=stop)
+                if s.finish_reason != "abort":
+                    return s
+            raise OpenAIError(503, f"the request was aborted by {ABORT_RETRIES + 1} weight updates in a row; retry",
+                              kind="service_unavailable")
+
+        samples = await asyncio.gather(*(one(k) for k in range(req.n)))
         failed = next((s for s in samples if s.error), None)
         if failed is not None:
             from rollout_svc.engine import EngineDeadError

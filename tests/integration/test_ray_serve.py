@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -18,16 +21,16 @@ from services import auth
 from services.net import free_port
 from tests.fixtures.ray_nodes import RayNodes
 
-import ray  # noqa: F401,E402  (the test extra installs ray[serve])
+import ray.serve  # noqa: F401,E402  (the test extra installs ray[serve])
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
 
 PROMPT_LEN, RESPONSE_LEN = 48, 16
 
 
-def _vllm_orphans() -> list[int]:
-    """Pids of vLLM engine processes whose parent is gone (reparented to init)."""
-    out = []
+def _vllm_procs() -> dict[int, int]:
+    """vLLM engine processes on this machine: pid -> process group."""
+    out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -36,10 +39,19 @@ def _vllm_orphans() -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        comm, rest = stat[stat.index("(") + 1: stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-        if comm.startswith("VLLM") and rest[1] == "1":
-            out.append(int(entry))
+        if stat[stat.index("(") + 1: stat.rindex(")")].startswith("VLLM"):
+            out[int(entry)] = int(stat.rsplit(")", 1)[1].split()[2])
     return out
+
+
+def _print_serve_logs(cluster: RayNodes) -> None:
+    """The Serve replicas' logs (on -s / in the failure report): why a replica did not come up."""
+    for path in sorted((cluster.tmp / "session_latest" / "logs").glob("**/*replica*policy*")):
+        print(f"--- {path}\n{path.read_text(errors='replace')[-6000:]}")
+    for path in sorted((cluster.tmp / "session_latest" / "logs").glob("worker-*.err")):
+        text = path.read_text(errors="replace")
+        if "Error" in text:
+            print(f"--- {path}\n{text[-3000:]}")
 
 
 def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_path, tiny_model):
@@ -47,12 +59,11 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from rollout_svc.ray_serve import deploy
     from services.config.views import RolloutView, write_view
     from services.config.weights import WeightChannelConfig
     from services.weights import WeightPublisher
 
-    before = set(_vllm_orphans())
+    before = set(_vllm_procs())
     pub = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=0, transfer_timeout_s=30.0,
                                               snapshot_dir=str(tmp_path / "snapshots"))).start()
     port = int(pub.control_address.rsplit(":", 1)[1])
@@ -72,8 +83,13 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
     try:
         cluster.start_head()
         cluster.add_worker(2, {})
-        url = deploy({"run_dir": str(run_dir)}, address=cluster.address, port=free_port(),
-                     proxy_location="HeadOnly", timeout_s=900)
+        # the one command: returns once the application answers (the proxy on the head only: every
+        # node of this cluster is this machine, and their proxies would want the same port)
+        http_port = free_port()
+        out = _meshrl("serve", str(run_dir), "--address", cluster.address, "--port", str(http_port),
+                      "--proxy-location", "HeadOnly", "--timeout", "900", timeout=1000)
+        url = f"http://127.0.0.1:{http_port}"
+        assert f"at {url}/v1" in out, out
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120.0, max_retries=0)
 
         [card] = client.models.list().data
@@ -113,17 +129,29 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
         zero_text = AutoTokenizer.from_pretrained(tiny_model).decode([0] * 8, skip_special_tokens=True)
         assert after.choices[0].text == zero_text != first.choices[0].text, (after.choices[0].text, first.choices[0].text)
         assert after.usage.completion_tokens == 8 and after.choices[0].finish_reason == "length"
+        assert "deleted Serve application meshrl-policy" in _meshrl("serve", str(run_dir), "--delete", "--address",
+                                                                    cluster.address, timeout=300)
+        with pytest.raises(openai.APIError):  # gone: the proxy has no route any more
+            client.models.list()
+        # the replica shut its engine down: no vLLM process of this test is left
+        deadline = time.monotonic() + 60
+        while set(_vllm_procs()) - before and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not set(_vllm_procs()) - before, "a vLLM engine process outlived its Serve replica"
+    except BaseException:
+        _print_serve_logs(cluster)
+        raise
     finally:
-        try:
-            from ray import serve
+        cluster.stop()
+        pub.close()
+        ours = {n.proc.pid for n in [cluster.head, *cluster.workers] if n is not None}
+        for pid, pgid in _vllm_procs().items():  # after a failure: what the cluster's nodes left behind
+            if pid not in before and pgid in ours:
+                os.kill(pid, signal.SIGKILL)
 
-            if ray.is_initialized():
-                serve.shutdown()  # the replicas stop their vLLM engines
-                ray.shutdown()
-        finally:
-            cluster.stop()
-            pub.close()
-    deadline = time.monotonic() + 30
-    while set(_vllm_orphans()) - before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not set(_vllm_orphans()) - before, "a vLLM engine process outlived its Serve replica"
+
+def _meshrl(*args: str, timeout: float) -> str:
+    r = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    assert r.returncode == 0, f"meshrl {args[0]} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    return r.stdout
