@@ -18,11 +18,13 @@ directory: ``config/rollout-0.yaml`` and ``job.credential`` are read from it), o
 and ``credential`` explicitly; ``model_name`` (default: the run directory's name);
 ``num_replicas`` (default 1), or ``min_replicas``/``max_replicas`` for Serve's autoscaling
 (``target_ongoing_requests`` default 8); ``num_cpus`` per replica (default 1); ``num_gpus``
-(default: 1 for a ``cuda`` view, else 0).
+(default: 1 for a ``cuda`` view, else 0); ``api_key_file`` (a file holding the key clients must
+send as ``Authorization: Bearer <key>``; none: no check).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 import uuid
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "meshrl-policy"
 DEFAULT_VIEW = Path("config") / "rollout-0.yaml"
+ROUTE_WAIT_S = 30.0
 
 app = FastAPI(title="meshrl live policy (OpenAI-compatible)", docs_url=None, redoc_url=None)
 
@@ -65,9 +68,12 @@ def _answer(body: dict[str, Any]) -> JSONResponse:
 class PolicyDeployment:
     """One Serve replica: a vLLM engine on the job's current policy (see the module docstring)."""
 
-    async def __init__(self, view_yaml: str, model_name: str, credential_file: str | None = None) -> None:
+    async def __init__(self, view_yaml: str, model_name: str, credential_file: str | None = None,
+                       api_key_file: str | None = None) -> None:
         from services import auth
         from services.config.views import RolloutView
+
+        self.api_key = _read_api_key(api_key_file) if api_key_file else None
 
         if credential_file:
             auth.install(credential_file)  # before vLLM starts: its worker reaches the publisher with it
@@ -79,13 +85,26 @@ class PolicyDeployment:
         self.server = PolicyServer(view, model_name=model_name, name=f"serve-{rid}")
         await self.server.start()
 
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
+            raise OpenAIError(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                              kind="authentication_error")  # fmt: skip
+
     @app.get("/v1/models")
-    async def models(self) -> JSONResponse:
+    async def models(self, request: Request) -> JSONResponse:
+        try:
+            self._authorize(request)
+        except OpenAIError as exc:
+            return _error(exc)
         return JSONResponse(self.server.models())
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> JSONResponse:
         try:
+            self._authorize(request)
             return _answer(await self.server.completions(await _json(request)))
         except OpenAIError as exc:
             return _error(exc)
@@ -93,6 +112,7 @@ class PolicyDeployment:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> JSONResponse:
         try:
+            self._authorize(request)
             return _answer(await self.server.chat(await _json(request)))
         except OpenAIError as exc:
             return _error(exc)
@@ -116,6 +136,13 @@ class PolicyDeployment:
 # Building and deploying the application
 
 
+def _read_api_key(path: str) -> str:
+    key = Path(path).read_text().strip()
+    if not 16 <= len(key) <= 1024 or any(c.isspace() for c in key):
+        raise ServeSetupError(f"{path}: an API key is 16..1024 characters without spaces")
+    return key
+
+
 class ServeSetupError(ValueError):
     """The application's arguments are wrong (the message says what to fix)."""
 
@@ -130,7 +157,7 @@ def build(args: dict[str, Any]) -> serve.Application:
 
     args = dict(args)
     known = {"run_dir", "view", "credential", "model_name", "num_replicas", "min_replicas", "max_replicas",
-             "target_ongoing_requests", "num_cpus", "num_gpus"}
+             "target_ongoing_requests", "num_cpus", "num_gpus", "api_key_file"}
     unknown = sorted(set(args) - known)
     if unknown:
         raise ServeSetupError(f"unknown argument(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -164,7 +191,12 @@ def build(args: dict[str, Any]) -> serve.Application:
                                          "target_ongoing_requests": float(args.get("target_ongoing_requests", 8))}
     else:
         options["num_replicas"] = int(args.get("num_replicas", 1))
-    return PolicyDeployment.options(**options).bind(text, model_name, str(Path(cred).resolve()) if cred else None)
+    key_file = args.get("api_key_file")
+    if key_file:
+        _read_api_key(key_file)  # refused here, not in every replica
+        key_file = str(Path(key_file).resolve())
+    return PolicyDeployment.options(**options).bind(text, model_name, str(Path(cred).resolve()) if cred else None,
+                                                    key_file)
 
 
 def deploy(args: dict[str, Any], *, address: str | None = None, host: str = "127.0.0.1", port: int = 8000,
@@ -186,17 +218,35 @@ def deploy(args: dict[str, Any], *, address: str | None = None, host: str = "127
     serve.run_many([serve.RunTarget(application, name=app_name, route_prefix=route_prefix)],
                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
     deadline = time.monotonic() + timeout_s
-    status = None
+    status, running_since = None, 0.0
     while time.monotonic() < deadline:
         status = serve.status().applications.get(app_name)
         if status is not None and status.status == "RUNNING":
-            return f"http://{host}:{int(port)}{route_prefix.rstrip('/')}"
+            url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{int(port)}{route_prefix.rstrip('/')}"
+            running_since = running_since or time.monotonic()
+            # the proxy learns the route a moment after the replicas run (one not on this machine
+            # -- HeadOnly on a remote head -- is not waited for long)
+            if _answers(f"{url}/v1/models") or time.monotonic() - running_since > ROUTE_WAIT_S:
+                return url
         if status is not None and status.status in ("DEPLOY_FAILED", "UNHEALTHY"):
             detail = "; ".join(f"{name}: {d.message}" for name, d in status.deployments.items() if d.message)
             raise ServeFailed(f"Serve application {app_name} failed: {status.message or detail}")
         time.sleep(1.0)
     raise ServeFailed(f"Serve application {app_name} not running within {timeout_s:g}s "
-                          f"(last status: {getattr(status, 'status', 'not created')}; see `serve status`)")
+                      f"(last status: {getattr(status, 'status', 'not created')}; see `serve status`)")
+
+
+def _answers(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status == 200
+    except urllib.error.HTTPError as exc:
+        return exc.code == 401  # the application's own answer (an API key is set)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def undeploy(app_name: str = APP_NAME) -> None:

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proxy-location", choices=["HeadOnly", "EveryNode", "Disabled"], default=None,
                    help="where Serve runs HTTP proxies (Serve's default when omitted)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the replicas to load (default 900)")
+    p.add_argument("--api-key-file", default=None,
+                   help="a file holding the key clients must send (the openai client's api_key); default: no check")
     p.add_argument("--delete", action="store_true", help="remove the application instead")
 
 
@@ -47,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"deleted Serve application {args.name}")
         return 0
     build_args = {"run_dir": args.run_dir, "num_cpus": args.num_cpus}
+    if args.api_key_file:
+        build_args["api_key_file"] = args.api_key_file
     if args.model_name:
         build_args["model_name"] = args.model_name
     if args.min_replicas is not None or args.max_replicas is not None:

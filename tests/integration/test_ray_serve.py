@@ -86,11 +86,15 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
         # the one command: returns once the application answers (the proxy on the head only: every
         # node of this cluster is this machine, and their proxies would want the same port)
         http_port = free_port()
+        key = tmp_path / "api.key"
+        key.write_text("k" * 24 + "\n")
         out = _meshrl("serve", str(run_dir), "--address", cluster.address, "--port", str(http_port),
-                      "--proxy-location", "HeadOnly", "--timeout", "900", timeout=1000)
+                      "--proxy-location", "HeadOnly", "--api-key-file", str(key), "--timeout", "900", timeout=1000)
         url = f"http://127.0.0.1:{http_port}"
         assert f"at {url}/v1" in out, out
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120.0, max_retries=0)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k" * 24, timeout=120.0, max_retries=0)
+        with pytest.raises(openai.AuthenticationError, match="missing or wrong API key"):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", timeout=60.0, max_retries=0).models.list()
 
         [card] = client.models.list().data
         assert card.id == "arith-job" and card.model_extra["policy_version"] == 0, card

@@ -75,3 +75,19 @@ def test_the_serve_application_is_built_from_a_run_dir(tmp_path) -> None:
     assert deployment._deployment_config.autoscaling_config.max_replicas == 4
     assert deployment.ray_actor_options["num_cpus"] == 1 and deployment.ray_actor_options["num_gpus"] == 0
     assert build({"run_dir": str(run), "num_replicas": "2"})._bound_deployment.num_replicas == 2
+
+
+def test_an_api_key_file_must_hold_a_key(tmp_path) -> None:
+    pytest.importorskip("ray.serve")
+    from rollout_svc.ray_serve import ServeSetupError, build
+    from services.config.views import RolloutView, write_view
+
+    write_view(RolloutView.model_validate({"model": {"path": str(tmp_path / "model")},
+                                           "rollout": {"prompt_length": 8, "response_length": 8}}),
+               tmp_path / "config" / "rollout-0.yaml")
+    (tmp_path / "job.credential").write_text("x" * 32)
+    (tmp_path / "key").write_text("short\n")
+    with pytest.raises(ServeSetupError, match="an API key is 16..1024 characters"):
+        build({"run_dir": str(tmp_path), "api_key_file": str(tmp_path / "key")})
+    (tmp_path / "key").write_text("a" * 20 + "\n")
+    assert build({"run_dir": str(tmp_path), "api_key_file": str(tmp_path / "key")})._bound_deployment
