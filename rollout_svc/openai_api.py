@@ -191,7 +191,7 @@ class PolicyServer:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         except Exception as exc:  # noqa: BLE001 - a template that refuses these messages (or there is none)
             raise OpenAIError(400, f"messages: the model's chat template cannot render them: {exc}", "messages") from None
-        if isinstance(ids, dict):  # a BatchEncoding in newer transformers
+        if not isinstance(ids, list):  # a BatchEncoding (newer transformers return a dict by default)
             ids = ids["input_ids"]
         choices, version, usage = await self._generate(list(ids), req, req.max_completion_tokens or req.max_tokens)
         return self._answer("chat.completion", "chatcmpl", req, version, usage,

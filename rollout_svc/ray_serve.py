@@ -62,6 +62,23 @@ def _answer(body: dict[str, Any]) -> JSONResponse:
     return JSONResponse(body, headers={"x-meshrl-policy-version": str(body["policy_version"])})
 
 
+def _read_api_key(path: str) -> str:
+    key = Path(path).read_text().strip()
+    if not 16 <= len(key) <= 1024 or any(c.isspace() for c in key):
+        raise ServeSetupError(f"{path}: an API key is 16..1024 characters without spaces")
+    return key
+
+
+class ServeSetupError(ValueError):
+    """The application's arguments are wrong (the message says what to fix)."""
+
+
+class ServeFailed(RuntimeError):
+    """The application did not come up (Serve's own message, or the deadline)."""
+
+
+# Serve pickles the class below as the module is imported: every module-level name its
+# methods use must be defined above it.
 @serve.deployment(name="policy", ray_actor_options={"num_cpus": 1}, health_check_period_s=10,
                   health_check_timeout_s=60, graceful_shutdown_timeout_s=30)  # fmt: skip
 @serve.ingress(app)
@@ -129,26 +146,13 @@ class PolicyDeployment:
             raise RuntimeError("the vLLM engine died")
 
     async def __del__(self) -> None:
-        await self.server.close()
+        server = getattr(self, "server", None)  # (Serve calls this after a failed __init__ too)
+        if server is not None:
+            await server.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Building and deploying the application
-
-
-def _read_api_key(path: str) -> str:
-    key = Path(path).read_text().strip()
-    if not 16 <= len(key) <= 1024 or any(c.isspace() for c in key):
-        raise ServeSetupError(f"{path}: an API key is 16..1024 characters without spaces")
-    return key
-
-
-class ServeSetupError(ValueError):
-    """The application's arguments are wrong (the message says what to fix)."""
-
-
-class ServeFailed(RuntimeError):
-    """The application did not come up (Serve's own message, or the deadline)."""
 
 
 def build(args: dict[str, Any]) -> serve.Application:

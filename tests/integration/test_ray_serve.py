@@ -28,19 +28,36 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
 PROMPT_LEN, RESPONSE_LEN = 48, 16
 
 
-def _vllm_procs() -> dict[int, int]:
-    """vLLM engine processes on this machine: pid -> process group."""
-    out = {}
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(command, parent pid, process group) of ``pid``; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    rest = stat.rsplit(")", 1)[1].split()
+    return stat[stat.index("(") + 1: stat.rindex(")")], int(rest[1]), int(rest[2])
+
+
+def _alive(pids: set[int]) -> set[int]:
+    return {p for p in pids if (_stat(p) or ("", 0, 0))[0].startswith("VLLM")}
+
+
+def _our_vllm(cluster: RayNodes) -> set[int]:
+    """vLLM engine processes started under this test's Ray nodes: descendants of a node's
+    ``ray start`` process, or orphans still in a node's process group."""
+    nodes = {n.proc.pid for n in [cluster.head, *cluster.workers] if n is not None}
+    out = set()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        st = _stat(int(entry)) if entry.isdigit() else None
+        if st is None or not st[0].startswith("VLLM"):
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.index("(") + 1: stat.rindex(")")].startswith("VLLM"):
-            out[int(entry)] = int(stat.rsplit(")", 1)[1].split()[2])
+        pid, chain = int(entry), st
+        while chain is not None and pid not in nodes and chain[2] not in nodes and pid > 1:
+            pid = chain[1]
+            chain = _stat(pid)
+        if chain is not None and (pid in nodes or chain[2] in nodes):
+            out.add(int(entry))
     return out
 
 
@@ -63,7 +80,6 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
     from services.config.weights import WeightChannelConfig
     from services.weights import WeightPublisher
 
-    before = set(_vllm_procs())
     pub = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=0, transfer_timeout_s=30.0,
                                               snapshot_dir=str(tmp_path / "snapshots"))).start()
     port = int(pub.control_address.rsplit(":", 1)[1])
@@ -80,6 +96,7 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
     shutil.copy(os.environ[auth.ENV], run_dir / auth.FILE_NAME)
 
     cluster = RayNodes("serve")
+    engines: set[int] = set()  # the Serve replica's vLLM processes, seen while it runs
     try:
         cluster.start_head()
         cluster.add_worker(2, {})
@@ -96,6 +113,7 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
         with pytest.raises(openai.AuthenticationError, match="missing or wrong API key"):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", timeout=60.0, max_retries=0).models.list()
 
+        engines |= _our_vllm(cluster)
         [card] = client.models.list().data
         assert card.id == "arith-job" and card.model_extra["policy_version"] == 0, card
 
@@ -133,25 +151,29 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
         zero_text = AutoTokenizer.from_pretrained(tiny_model).decode([0] * 8, skip_special_tokens=True)
         assert after.choices[0].text == zero_text != first.choices[0].text, (after.choices[0].text, first.choices[0].text)
         assert after.usage.completion_tokens == 8 and after.choices[0].finish_reason == "length"
+        engines |= _our_vllm(cluster)
+        assert engines, "the Serve replica's vLLM engine is not found under the test's Ray nodes"
         assert "deleted Serve application meshrl-policy" in _meshrl("serve", str(run_dir), "--delete", "--address",
                                                                     cluster.address, timeout=300)
         with pytest.raises(openai.APIError):  # gone: the proxy has no route any more
             client.models.list()
         # the replica shut its engine down: no vLLM process of this test is left
         deadline = time.monotonic() + 60
-        while set(_vllm_procs()) - before and time.monotonic() < deadline:
+        while (_alive(engines) or _our_vllm(cluster)) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not set(_vllm_procs()) - before, "a vLLM engine process outlived its Serve replica"
+        assert not _alive(engines) and not _our_vllm(cluster), "a vLLM engine process outlived its Serve replica"
     except BaseException:
         _print_serve_logs(cluster)
         raise
     finally:
+        left = _alive(engines | _our_vllm(cluster))  # after a failure: what the Ray nodes would leave behind
         cluster.stop()
         pub.close()
-        ours = {n.proc.pid for n in [cluster.head, *cluster.workers] if n is not None}
-        for pid, pgid in _vllm_procs().items():  # after a failure: what the cluster's nodes left behind
-            if pid not in before and pgid in ours:
+        for pid in left:
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _meshrl(*args: str, timeout: float) -> str:
