@@ -27,6 +27,6 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     worker = Worker(args.role, args.runs_dir, command, name=args.name, ends_job=args.ends_job,
-                    grace_s=args.grace, state_file=args.state_file)
+                    grace_s=args.grace, state_file=args.state_file, scrape_s=args.scrape)
     print(f"meshrl worker {worker.name}: waiting for jobs in {args.runs_dir}", flush=True)
     return worker.run_forever()

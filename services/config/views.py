@@ -363,11 +363,22 @@ def dump_view(view: StrictModel) -> str:
     return yaml.safe_dump(view.model_dump(mode="json", by_alias=True), sort_keys=False)
 
 
-def write_view(view: StrictModel, path: str | Path) -> Path:
+def write_private(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by its owner only (0600): a job's spec and views
+    may carry a queue password (docs/security.md)."""
+    import os
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dump_view(view))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(text)
     return path
+
+
+def write_view(view: StrictModel, path: str | Path) -> Path:
+    return write_private(path, dump_view(view))
 
 
 def write_views(views: dict[str, StrictModel], out_dir: str | Path) -> dict[str, Path]:

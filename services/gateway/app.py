@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 from pydantic import ValidationError
 
 from services.gateway.dashboard import DASHBOARD_HTML
+from services.gateway.job_metrics import job_metrics_text
 from services.gateway.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
 from services.gateway.logs import MAX_TAIL_LINES, UnknownLog
 from services.gateway.models import ErrorBody, Job, JobEvents, JobList, JobMetrics, JobStateName, JobSubmit
@@ -155,11 +156,13 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
     @app.get("/metrics", tags=["probes"], dependencies=auth, responses=_ERRORS, response_class=Response)
     def metrics() -> Response:
         counts = {s: 0 for s in JobStateName.__args__}  # type: ignore[attr-defined]
-        for row in manager.store.list(limit=10_000):
+        rows = manager.store.list(limit=10_000)
+        for row in rows:
             counts[row.state] = counts.get(row.state, 0) + 1
         for state, n in counts.items():
             jobs_gauge.labels(state=state).set(n)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        # + the job-level series of the jobs it runs (services/gateway/job_metrics.py)
+        return Response(generate_latest(registry) + job_metrics_text(rows), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

@@ -38,7 +38,9 @@ def progress_msg(progress: dict[str, Any]) -> job_pb2.JobProgressInfo:
     for key in _PROGRESS_FLOAT:
         if isinstance(progress.get(key), (int, float)) and not isinstance(progress.get(key), bool):
             setattr(msg, key, float(progress[key]))
-    for key in ("queues", "restarts", "ledger"):
+    if isinstance(progress.get("stalled"), bool):
+        msg.stalled = progress["stalled"]
+    for key in ("queues", "restarts", "ledger", "ledger_stages"):
         counts = progress.get(key)
         if isinstance(counts, dict):
             for name, n in counts.items():

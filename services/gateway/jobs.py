@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from services.gateway import logs as joblogs
+from services.gateway import redact
 from services.gateway.paths import path_problems
 from services.gateway.spec_validation import SpecRejected, validate_spec
 from services.gateway.store import JobRow, JobStore
@@ -175,12 +176,19 @@ class JobManager:
         if problems:
             raise SpecRejected("invalid job spec:\n" + "\n".join(f"  {p}" for p in problems))
         job_id = f"{valid.name}-{secrets.token_hex(4)}"
+        # Secrets (queues.password, a URL's password) are stored and shown as "***"; the real
+        # values wait in the job's run dir (0600) for its launch (services/gateway/redact.py).
+        shown, hidden = redact.redact_spec(yaml.safe_load(valid.resolved_yaml))
+        if hidden:
+            redact.write_secrets(self.runs_dir / job_id / redact.SECRETS_FILE, hidden)
+        shown_overrides = redact.redact_overrides(overrides)
         row = JobRow(
-            id=job_id, name=valid.name, state=JobState.PENDING.value, spec_yaml=valid.resolved_yaml,
-            overrides=list(overrides), launcher=self.launcher.kind,
+            id=job_id, name=valid.name, state=JobState.PENDING.value,
+            spec_yaml=yaml.safe_dump(shown, sort_keys=False) if hidden else valid.resolved_yaml,
+            overrides=shown_overrides, launcher=self.launcher.kind,
         )  # fmt: skip
         self.store.insert(row)
-        self.store.add_event(job_id, "submitted", f"overrides: {' '.join(overrides)}" if overrides else "")
+        self.store.add_event(job_id, "submitted", f"overrides: {' '.join(shown_overrides)}" if overrides else "")
         with self._lock:  # the poller admits under the same lock: "queued" is never written after "started"
             self._admit()
             now = self.store.get(job_id)
@@ -205,12 +213,18 @@ class JobManager:
                 busy += 1
 
     def _launch(self, row: JobRow) -> None:
+        secret_file = self.runs_dir / row.id / redact.SECRETS_FILE
+        spec_yaml = row.spec_yaml
+        if secret_file.exists():  # the spec the job runs with has the real values back
+            spec_yaml = yaml.safe_dump(redact.restore(yaml.safe_load(spec_yaml), redact.read_secrets(secret_file)),
+                                       sort_keys=False)
         try:
-            handle = self.launcher.start(row.id, row.spec_yaml, self.runs_dir / row.id)
+            handle = self.launcher.start(row.id, spec_yaml, self.runs_dir / row.id)
         except LaunchError as exc:
             self.store.update(row.id, state=JobState.FAILED.value, detail=f"launch failed: {exc}")
             self.store.add_event(row.id, "finished", f"failed: launch failed: {exc}")
         else:
+            secret_file.unlink(missing_ok=True)  # the launcher's copy in the run dir (0600) is the one left
             self.store.update(row.id, state=JobState.RUNNING.value, handle=handle, detail="")
             self.store.add_event(row.id, "started", f"launcher {self.launcher.kind}")
 

@@ -44,6 +44,11 @@ class JobProgress(BaseModel):
     ledger: dict[str, int] | None = Field(
         None, description="the job's sample ledger: stage (fed, generated, scored, trained, ...) -> samples"
     )
+    ledger_stages: dict[str, int] | None = Field(
+        None, description="the queue's per-sample ledger: latest stage (queued, generated, scored, trained, ...) "
+        "-> samples, over the newest `queues.ledger_max_entries` samples"
+    )
+    stalled: bool | None = Field(None, description="the job made no progress past services.restart.stall_warn_s")
 
 
 class Job(BaseModel):

@@ -45,6 +45,7 @@ class ControlMetrics:
             "meshrl_ledger_samples", "Samples whose latest ledger stage is `stage` (embedded broker)", ["stage"],
             registry=r,
         )  # fmt: skip
+        self._ledger_counts: dict[str, int] = {}
         for stage in LEDGER_STAGES:
             self.ledger.labels(stage=stage).set(0)
 
@@ -57,9 +58,14 @@ class ControlMetrics:
 
     def set_ledger(self, stages: Iterable[str]) -> None:
         """Count the ledger's stages (call from the thread that owns the ledger)."""
-        counts = Tally(stages)
+        counts = Tally(s or "unknown" for s in stages)
+        self._ledger_counts = {s: counts.get(s, 0) for s in set(LEDGER_STAGES) | set(counts)}
         for stage in set(LEDGER_STAGES) | set(counts):
-            self.ledger.labels(stage=stage or "unknown").set(counts.get(stage, 0))
+            self.ledger.labels(stage=stage).set(counts.get(stage, 0))
+
+    def ledger_counts(self) -> dict[str, int]:
+        """The last :meth:`set_ledger` counts by stage (for ``status.json``)."""
+        return dict(self._ledger_counts)
 
 
 __all__ = ["ControlMetrics", "LEDGER_STAGES"]

@@ -33,7 +33,7 @@ from typing import Any
 
 from services import auth
 from services.config.job import dump_job
-from services.config.views import derive_views, dump_view, write_view
+from services.config.views import derive_views, dump_view, write_private, write_view
 from services.launch.ledger import Ledger, audit
 from services.launch.procs import (ServiceFailed, ServiceProcess, become_subreaper, http_get, kill_adopted,
                                    log_tail, python_module_argv)
@@ -157,7 +157,7 @@ class JobController:
                 one = view.model_copy(update={"resources": res.model_copy(update=ports)})
                 out[f"{kind}-{i}"] = write_view(one, cfg_dir / f"{kind}-{i}.yaml")
                 self._instance_views[f"{kind}-{i}"] = one
-        (self.run_dir / "job.yaml").write_text(dump_job(self.spec))
+        write_private(self.run_dir / "job.yaml", dump_job(self.spec))  # 0600: may carry the queue's password
         return out
 
     def _broker_host(self) -> str:
@@ -667,6 +667,8 @@ class JobController:
             **{k: last.get(k) for k in ("loss", "kl", "entropy", "grad_norm", "logprob_diff")},
             "val_score": self.history.latest_val_score(),  # the newest finished validation round
             "ledger": self.ledger.as_dict(), "restarts": self.sup.restarts(),
+            "ledger_stages": (self.control.ledger_counts() if getattr(self, "control", None) else {}),
+            "stalled": self.detail.startswith("stalled"),
             "services": {p.name: {"pid": _pid(p), "alive": p.returncode is None,
                                   "restarts": self.sup.restarts().get(p.name, 0),
                                   "restarting": p.name in self._restarting,

@@ -88,6 +88,19 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
+def _fit_queue_type(raw: dict[str, Any], wiring: dict[str, Any]) -> dict[str, Any]:
+    """A spec resolved for another queue backend than the deployment's (the gateway stores
+    every default, e.g. ``queues.type: embedded`` with its ``address``) keeps only the queue
+    keys both backends share; the deployment's wiring gives the rest."""
+    want = (wiring.get("queues") or {}).get("type") if isinstance(wiring.get("queues"), dict) else None
+    have = raw.get("queues") if isinstance(raw.get("queues"), dict) else None
+    if want and have and have.get("type", want) != want:
+        from services.config.queues import QueueCommon
+
+        raw["queues"] = {k: v for k, v in have.items() if k in QueueCommon.model_fields}
+    return raw
+
+
 def _substitute(node: Any, job_id: str) -> Any:
     if isinstance(node, dict):
         return {k: _substitute(v, job_id) for k, v in node.items()}
@@ -117,6 +130,7 @@ class DeploymentLauncher(Launcher):
         self.wiring = wiring
         self.pickup_timeout_s = pickup_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self._watch: dict[str, _JobWatch] = {}
 
     def start(self, job_id: str, spec_yaml: str, run_dir: Path) -> dict[str, Any]:
         from services import auth
@@ -130,7 +144,8 @@ class DeploymentLauncher(Launcher):
                               "(a deployment runs one job at a time: set the gateway's max_running_jobs to 1 "
                               "so later jobs wait in its queue)")
         raw = yaml.safe_load(spec_yaml) or {}
-        raw = _merge(raw, _substitute(json.loads(json.dumps(self.wiring)), job_id))
+        wiring = _substitute(json.loads(json.dumps(self.wiring)), job_id)
+        raw = _merge(_fit_queue_type(raw, wiring), wiring)
         try:
             spec = parse_job(raw)
         except JobSpecError as exc:
@@ -138,10 +153,10 @@ class DeploymentLauncher(Launcher):
         run_dir.mkdir(parents=True, exist_ok=True)
         if spec.queues.type == "redis":
             self._empty_redis(spec.queues)
-        from services.config.views import derive_views, write_views
+        from services.config.views import derive_views, write_private, write_views
 
         write_views(derive_views(spec), run_dir / VIEWS)  # each service's whole config: {view} of its worker
-        (run_dir / SPEC).write_text(dump_job(spec))
+        write_private(run_dir / SPEC, dump_job(spec))  # 0600, as the views: they may carry the queue's password
         if not os.environ.get(auth.ENV):  # no deployment-wide secret: one for this job only
             auth.JobCredential.generate().write(run_dir / auth.FILE_NAME)
         _write_json(run_dir / CONTROL, {"paused": False})
@@ -171,6 +186,17 @@ class DeploymentLauncher(Launcher):
     def _workers(self, run_dir: Path) -> list[dict[str, Any]]:
         return [w for p in sorted((run_dir / WORKERS).glob("*.json")) if (w := _read_json(p))]
 
+    def _progress(self, run_dir: Path, workers: list[dict[str, Any]], *, live: bool,
+                  paused: bool = False) -> tuple[dict[str, Any], str]:
+        key = str(run_dir)
+        try:
+            watch = self._watch.get(key) or self._watch.setdefault(key, _JobWatch(run_dir))
+        except Exception:  # noqa: BLE001 - no readable spec: no job-level progress, the job still runs
+            return {}, ""
+        if not live:
+            self._watch.pop(key, None)
+        return job_progress(watch, run_dir, workers, live=live, paused=paused)
+
     def status(self, handle: dict[str, Any]) -> JobStatus:
         run_dir = Path(handle["run_dir"])
         done = _read_json(run_dir / FINISHED)
@@ -179,7 +205,8 @@ class DeploymentLauncher(Launcher):
                 state = JobState(done.get("state"))
             except ValueError:
                 state = JobState.FAILED
-            return JobStatus(state, str(done.get("detail", "")))
+            progress, _ = self._progress(run_dir, self._workers(run_dir), live=False)
+            return JobStatus(state, str(done.get("detail", "")), progress=progress)
         workers = self._workers(run_dir)
         running = [w for w in workers if w.get("state") == "running"]
         if not workers:
@@ -191,8 +218,10 @@ class DeploymentLauncher(Launcher):
                 return JobStatus(JobState.FAILED, detail)
             return JobStatus(JobState.RUNNING, "waiting for the deployment's workers to take the job")
         names = ", ".join(sorted(w.get("name", "?") for w in running)) or "none"
-        paused = (_read_json(run_dir / CONTROL) or {}).get("paused", False)
-        return JobStatus(JobState.PAUSED if paused else JobState.RUNNING, f"services running: {names}")
+        paused = bool((_read_json(run_dir / CONTROL) or {}).get("paused", False))
+        progress, stalled = self._progress(run_dir, workers, live=True, paused=paused)
+        detail = f"stalled: {stalled}; services running: {names}" if stalled else f"services running: {names}"
+        return JobStatus(JobState.PAUSED if paused else JobState.RUNNING, detail, progress=progress)
 
     def _control(self, handle: dict[str, Any], paused: bool) -> None:
         run_dir = Path(handle["run_dir"])
@@ -218,6 +247,160 @@ class DeploymentLauncher(Launcher):
 
 
 # ------------------------------------------------------------------------------------------------
+# Job-level progress of a deployment job (no controller: the workers report, the launcher sums)
+
+#: Counters a worker reads from its service's /metrics into its report (the job ledger's sources).
+LEDGER_COUNTERS = (
+    "meshrl_rollout_samples_total", "meshrl_rollout_regenerated_samples_total", "meshrl_rollout_tokens_total",
+    "meshrl_reward_samples_total", "meshrl_feeder_prompts_total",
+    "meshrl_trainer_samples_total", "meshrl_trainer_failed_score_samples_total",
+    "meshrl_trainer_dropped_stale_samples_total", "meshrl_trainer_dropped_error_samples_total",
+    "meshrl_trainer_steps_total",
+)
+STAGES_EVERY_S = 10.0  # how often the launcher counts the Redis ledger's stages (one server-side script)
+_COUNT_STAGES = """
+local t = {}
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do t[v] = (t[v] or 0) + 1 end
+return cjson.encode(t)
+"""
+
+
+def _metrics_url(view: Path) -> str | None:
+    """The service's own /metrics, from its view (``resources.metrics_port``), on loopback."""
+    try:
+        res = (yaml.safe_load(view.read_text()) or {}).get("resources") or {}
+        port = int(res.get("metrics_port") or 0)
+    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return None
+    return f"http://127.0.0.1:{port}/metrics" if port > 0 else None
+
+
+class ServiceMeter:
+    """A worker's run count and its service's ledger counters (:data:`LEDGER_COUNTERS`),
+    summed over the runs of the job's service on this worker. The trainer's are taken as
+    they are: a restarted trainer restores them from its checkpoint."""
+
+    def __init__(self, role: str, before: dict[str, Any] | None) -> None:
+        before = before or {}
+        self.role = role
+        self.runs = int(before.get("runs") or 0) + 1
+        kept = before.get("counters") if isinstance(before.get("counters"), dict) else {}
+        self.base = {} if role == "trainer" else {k: float(v) for k, v in kept.items() if isinstance(v, (int, float))}
+        self.counters = dict(kept) if role == "trainer" else dict(self.base)
+        self.ready = False  # the service answered /ready once (the stall clock waits for every service)
+
+    def read(self, url: str) -> bool:
+        from services.launch.procs import http_get
+        from services.launch.report import scrape
+
+        if not self.ready:
+            self.ready = http_get(url.rsplit("/", 1)[0] + "/ready", timeout=2.0)[0] == 200
+        got = scrape(url, timeout=2.0)
+        if not got:
+            return False
+        self.counters = {k: self.base.get(k, 0.0) + got.get(k, 0.0) for k in LEDGER_COUNTERS
+                         if k in got or k in self.base}
+        return True
+
+    def fields(self) -> dict[str, Any]:
+        return {"runs": self.runs, "counters": self.counters, "ready": self.ready}
+
+
+class _JobWatch:
+    """What the launcher keeps about one deployment job between status calls."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from services.config.job import parse_job
+        from services.launch.supervision import Supervisor
+
+        spec = parse_job(yaml.safe_load((run_dir / SPEC).read_text()) or {})
+        self.n = spec.rollout.n
+        self.total_steps = spec.trainer.total_steps
+        self.ckpt = Path(spec.trainer.default_local_dir)
+        self.queues = spec.queues
+        self.sup = Supervisor(spec.services.restart, [])
+        self.running: frozenset[str] = frozenset()
+        self.paused = False
+        self.stages: dict[str, int] = {}
+        self.stages_at = float("-inf")
+
+    def ledger_stages(self) -> dict[str, int]:
+        """Samples by latest stage in the Redis ledger (at most every :data:`STAGES_EVERY_S`)."""
+        if self.queues.type != "redis" or time.monotonic() - self.stages_at < STAGES_EVERY_S:
+            return self.stages
+        self.stages_at = time.monotonic()
+        import asyncio
+
+        from services.queues.redis_backend import make_redis_client
+
+        async def count() -> dict[str, int]:
+            client = make_redis_client(self.queues)
+            try:
+                raw = await asyncio.wait_for(client.eval(_COUNT_STAGES, 1, f"{self.queues.namespace}:ledger:h"),
+                                             timeout=self.queues.op_timeout_s)
+            finally:
+                await client.aclose()
+            got = json.loads(raw) if raw not in (None, b"", b"[]", b"{}") else {}
+            return {str(k): int(v) for k, v in got.items()} if isinstance(got, dict) else {}
+
+        try:
+            self.stages = asyncio.run(count())
+        except Exception:  # noqa: BLE001 - a metric: keep the last counts
+            pass
+        return self.stages
+
+
+def job_progress(watch: _JobWatch, run_dir: Path, workers: list[dict[str, Any]], *, live: bool,
+                 paused: bool) -> tuple[dict[str, Any], str]:
+    """The deployment job's progress (the fields ``status.json`` has for a controller's job:
+    ``ledger``, ``restarts``, ``stalled``, ``ledger_stages``, ``step``) and a stall reason ("" if none)."""
+    from services.launch.ledger import Ledger
+
+    ledger = Ledger(run_dir, watch.n)
+    fed = 0.0
+    step = None
+    for w in workers:
+        c = w.get("counters") if isinstance(w.get("counters"), dict) else {}
+        role, name = str(w.get("role", "")), str(w.get("name", "?"))
+        if role == "trainer":
+            ledger.observe("trainer", c)
+            if "meshrl_trainer_steps_total" in c:
+                step = int(c["meshrl_trainer_steps_total"])
+        elif role == "feeder":
+            fed += float(c.get("meshrl_feeder_prompts_total", 0.0))
+        elif role in ("rollout", "reward"):
+            ledger.observe(f"{role}/{name}", c)
+    ledger.prompts_fed = int(fed)
+    if not live:
+        ledger.read_checkpoint(watch.ckpt)  # exact at the end: the last scrape may predate the last step
+    counts = ledger.counts()
+    progress: dict[str, Any] = {
+        "ledger": counts, "total_steps": watch.total_steps,
+        "restarts": {str(w.get("name", "?")): max(0, int(w.get("runs") or 1) - 1) for w in workers},
+    }
+    if step is not None:
+        progress["step"] = step
+    stages = watch.ledger_stages()
+    if stages:
+        progress["ledger_stages"] = stages
+    # Stalled: every service running and ready, nothing fed, generated, scored or trained for
+    # stall_warn_s (the clock starts again when a service (re)starts or gets ready, and on resume).
+    why = ""
+    now = time.monotonic()
+    running = frozenset(f"{w.get('name')}:{bool(w.get('ready'))}" for w in workers if w.get("state") == "running")
+    if running != watch.running or paused != watch.paused:
+        watch.sup.touch(now)
+        watch.running, watch.paused = running, paused
+    watch.sup.progress({k: counts[k] for k in ("fed", "generated", "scored", "trained")}, now)
+    all_ready = all(w.get("ready") for w in workers if w.get("state") == "running")
+    if live and not paused and running and all_ready:
+        stall = watch.sup.stall(now, "no sample generated, scored or trained by the deployment's services")
+        why = stall.reason if stall is not None else ""
+    progress["stalled"] = bool(why)
+    return progress, why
+
+
+# ------------------------------------------------------------------------------------------------
 # The worker: one per service container
 
 
@@ -226,13 +409,14 @@ class Worker:
 
     def __init__(self, role: str, runs_dir: str | Path, command: list[str], *, name: str | None = None,
                  ends_job: bool = False, grace_s: float = 30.0, poll_s: float = 0.5,
-                 state_file: str | Path | None = None) -> None:
+                 state_file: str | Path | None = None, scrape_s: float = 5.0) -> None:
         if not command:
             raise ValueError("meshrl worker: give the service's command after --")
         self.role, self.runs_dir, self.command = role, Path(runs_dir), list(command)
         self.name = name or f"{role}-{socket.gethostname()}"
         self.ends_job, self.grace_s, self.poll_s = ends_job, grace_s, poll_s
         self.state_file = Path(state_file) if state_file else None
+        self.scrape_s = scrape_s
         self._stop = False
         self._done: set[str] = set()
 
@@ -282,12 +466,21 @@ class Worker:
             env[auth.ENV] = str(run_dir / auth.FILE_NAME)
         log_path = run_dir / "logs" / f"{self.name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # A worker that comes back (its container restarted) runs the job's service again:
+        # one more run, and the counters of the runs before carry on (docs/metrics.md).
+        meter = ServiceMeter(self.role, _read_json(run_dir / WORKERS / f"{self.name}.json"))
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     cwd=run_dir, env=env, start_new_session=True)
-        self._report(run_dir, state="running", pid=proc.pid, started=time.time())
+        metrics_url = _metrics_url(view)
+        self._report(run_dir, state="running", pid=proc.pid, started=time.time(), **meter.fields())
         paused = stopping_since = None
+        next_scrape = time.monotonic() + self.scrape_s
         while proc.poll() is None:
+            if metrics_url and time.monotonic() >= next_scrape and not paused:
+                next_scrape = time.monotonic() + self.scrape_s
+                if meter.read(metrics_url):
+                    self._report(run_dir, state="running", pid=proc.pid, started=time.time(), **meter.fields())
             if self._stop or (run_dir / FINISHED).exists():
                 if stopping_since is None:
                     stopping_since = time.monotonic()
@@ -303,7 +496,7 @@ class Worker:
             time.sleep(self.poll_s)
         rc = proc.returncode
         self._signal(proc, signal.SIGKILL)  # helpers the service left behind in its session
-        self._report(run_dir, state="exited", exit_code=rc, ended=time.time())
+        self._report(run_dir, state="exited", exit_code=rc, ended=time.time(), **meter.fields())
         if self.ends_job and rc == 0:
             finish(run_dir, JobState.SUCCEEDED.value, f"{self.name} finished")
         elif rc != 0 and not (run_dir / FINISHED).exists():
@@ -327,6 +520,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="this worker's name (default ROLE-HOSTNAME)")
     p.add_argument("--ends-job", action="store_true", help="the job ends when this service exits (the trainer)")
     p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL when a job ends")
+    p.add_argument("--scrape", type=float, default=5.0,
+                   help="seconds between reads of the service's /metrics for the job ledger (its report)")
     p.add_argument("--state-file", default="/tmp/meshrl-worker.state",
                    help="'idle' or 'running JOB' for the container's health check")
     p.add_argument("command", nargs=argparse.REMAINDER,

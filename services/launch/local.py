@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.config.views import write_private
 from services.launch.base import JobState, JobStatus, LaunchError, Launcher
 
 STATUS_FILE = "status.json"
@@ -80,7 +81,9 @@ def clean_progress(info: dict[str, Any]) -> dict[str, Any]:
         v = info.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[key] = float(v)
-    for key in ("queues", "restarts", "ledger"):
+    if isinstance(info.get("stalled"), bool):
+        out["stalled"] = info["stalled"]
+    for key in ("queues", "restarts", "ledger", "ledger_stages"):
         counts = info.get(key)
         if isinstance(counts, dict):
             kept = {str(k)[:128]: v for k, v in list(counts.items())[:64]
@@ -150,7 +153,7 @@ class LocalLauncher(Launcher):
         run_dir = Path(run_dir).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
         spec_path = run_dir / SPEC_FILE
-        spec_path.write_text(spec_yaml)
+        write_private(spec_path, spec_yaml)  # 0600: it may carry the queue's password
         (run_dir / STATUS_FILE).unlink(missing_ok=True)
         argv = [*self.command, str(spec_path), "--run-dir", str(run_dir)]
         env = {**os.environ, **self.env, "MESHRL_JOB_ID": job_id}

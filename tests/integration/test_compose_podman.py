@@ -1,6 +1,7 @@
 """docker-compose.yml for real, under podman: build the cpu image, bring up Redis and the
 meshrl services, submit a short job through the gateway's REST API from the host, see it
-finish, scrape a service's /metrics across the compose network, tear everything down.
+finish, scrape a service's /metrics across the compose network and the job's series on the
+gateway's /metrics (as deploy/prometheus/prometheus.yml does), tear everything down.
 
 Marked ``podman`` and deselected unless asked for (the first image build takes ~15 min):
 
@@ -94,6 +95,19 @@ def http(method: str, path: str, token: str, body: bytes | None = None, ctype: s
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
+
+
+def job_series(text: str, job_id: str) -> dict[tuple[str, frozenset], float]:
+    """The job-level series of ``job_id`` in a gateway /metrics text: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = dict(s.labels)
+            if labels.pop("job_id", None) == job_id:
+                out[(s.name, frozenset(labels.items()))] = s.value
+    return out
 
 
 def test_compose_stack_runs_a_job_for_real():
@@ -196,6 +210,13 @@ def test_compose_stack_runs_a_job_for_real():
                 break
             assert time.monotonic() < deadline, f"job still {job['state']} after an hour"
             time.sleep(5)
+        # The job-level series on the gateway's /metrics, read as Prometheus does (prometheus.yml:
+        # gateway:8600 with the token), from inside the compose network.
+        r = podman("exec", container("gateway"), "curl", "-fsS", "--max-time", "10", "-H",
+                   f"Authorization: Bearer {token}", "http://gateway:8600/metrics", check=False, quiet=True)
+        series = job_series(r.stdout, job_id) if r.returncode == 0 else {}
+        log("gateway job series: " + ", ".join(f"{n}{dict(ls)}={v:g}" for (n, ls), v in sorted(
+            series.items(), key=lambda kv: (kv[0][0], sorted(kv[0][1])))))  # fmt: skip
         if job["state"] != "succeeded":
             for svc in ("trainer", "rollout", "reward", "feeder", "gateway"):
                 out = podman("logs", "--tail", "40", container(svc), check=False, quiet=True)
@@ -207,6 +228,12 @@ def test_compose_stack_runs_a_job_for_real():
         log(f"workers: {r.stdout.strip()}")
         for role in ("trainer", "rollout", "reward", "feeder"):
             assert f'"role": "{role}"' in r.stdout, role
+        names = {n for n, _ in series}
+        assert names >= {"meshrl_job_ledger_samples_total", "meshrl_job_service_restarts_total",
+                         "meshrl_job_stalled", "meshrl_ledger_samples"}, names  # fmt: skip
+        stage = {dict(ls).get("stage"): v for (n, ls), v in series.items() if n == "meshrl_job_ledger_samples_total"}
+        assert stage.get("fed", 0) > 0 and stage.get("generated", 0) > 0 and stage.get("trained", 0) > 0, stage
+        assert series[("meshrl_job_stalled", frozenset())] == 0
         status, events = http("GET", f"/v1/jobs/{job_id}/events", token)
         log(f"events: {[e.get('kind') for e in events.get('events', [])]}")
     finally:

@@ -36,11 +36,15 @@ class Workers:
     def __init__(self, runs: Path) -> None:
         self.runs, self.procs = runs, []
 
-    def start(self, role: str, *command: str, ends_job: bool = False) -> subprocess.Popen:
+    def start(self, role: str, *command: str, ends_job: bool = False, name: str | None = None,
+              scrape: str | None = None) -> subprocess.Popen:
+        name = name or f"{role}-{len(self.procs)}"
         argv = [sys.executable, "-m", "services.cli", "worker", "--role", role, "--runs-dir", str(self.runs), "--grace", "5",
-                "--name", f"{role}-{len(self.procs)}", "--state-file", str(self.runs / f"{role}-{len(self.procs)}.state")]
+                "--name", name, "--state-file", str(self.runs / f"{name}.state")]
         if ends_job:
             argv.append("--ends-job")
+        if scrape:
+            argv += ["--scrape", scrape]
         p = subprocess.Popen([*argv, "--", *command], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         self.procs.append(p)
         return p

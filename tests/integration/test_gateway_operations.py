@@ -245,6 +245,47 @@ def test_access_log_docs_assets_and_no_secret_echoed(tmp_path):
         assert '"GET /docs" 200' in log and "limit=5" not in log and wrong not in log and TOKEN not in log
 
 
+def test_a_queue_password_is_never_stored_or_returned_but_the_job_gets_it(tmp_path):
+    """queues.password, a password in the Redis URL and one in an override: ``***`` in the
+    store, in GET /v1/jobs/{id} and ListJobs (REST and gRPC), in the events; the real values
+    only in the job's run dir, in files only the gateway's user can read."""
+    pw_field, pw_url, pw_override = "field-pw-Q7x2", "url-pw-Z9k4", "override-pw-M3v8"
+    spec = _spec(**{"queues.type": "redis", "queues.url": f"redis://meshrl:{pw_url}@redis.example:6379/0",
+                    "queues.password": pw_field})  # fmt: skip
+    secrets = (pw_field, pw_url, pw_override)
+    with running_gateway(tmp_path, fake_launcher(FAKE_STEPS=2, FAKE_INTERVAL=1)) as gw, \
+            httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
+        r = c.post("/v1/jobs", json={"spec": spec}, headers=auth())
+        assert r.status_code == 201, r.text
+        rest_id = r.json()["id"]
+        stub = job_pb2_grpc.JobServiceStub(grpc.insecure_channel(gw.grpc_address))
+        sub = stub.SubmitJob(job_pb2.JobSubmitRequest(
+            spec_yaml=yaml.safe_dump(_spec(**{"queues.type": "redis", "queues.url": "redis://redis.example:6379/0"})),
+            overrides=[f"queues.password={pw_override}"]), metadata=GRPC_AUTH, timeout=10)  # fmt: skip
+        shown = [r.text, c.get(f"/v1/jobs/{rest_id}", headers=auth()).text, c.get("/v1/jobs", headers=auth()).text,
+                 c.get(f"/v1/jobs/{sub.id}", headers=auth()).text, c.get(f"/v1/jobs/{sub.id}/events", headers=auth()).text,
+                 str(sub), str(stub.GetJob(job_pb2.JobIdRequest(id=rest_id), metadata=GRPC_AUTH, timeout=10)),
+                 str(stub.GetJob(job_pb2.JobIdRequest(id=sub.id), metadata=GRPC_AUTH, timeout=10)),
+                 str(stub.ListJobs(job_pb2.JobListRequest(), metadata=GRPC_AUTH, timeout=10))]  # fmt: skip
+        for text in shown:
+            assert not any(pw in text for pw in secrets), text[:3000]
+        got = yaml.safe_load(c.get(f"/v1/jobs/{rest_id}", headers=auth()).json()["spec"])
+        assert got["queues"]["password"] == "***" and got["queues"]["url"] == "redis://meshrl:***@redis.example:6379/0"
+        assert c.get(f"/v1/jobs/{sub.id}", headers=auth()).json()["overrides"] == ["queues.password=***"]
+        # The job runs with the real values: the spec in its run dir, readable by the gateway's user only.
+        for job_id, want in ((rest_id, (pw_field, pw_url)), (sub.id, (pw_override,))):
+            run_spec = tmp_path / "runs" / job_id / "spec.yaml"
+            wait_until(run_spec.exists, what="the job's spec file")
+            assert all(pw in run_spec.read_text() for pw in want)
+            assert run_spec.stat().st_mode & 0o777 == 0o600
+            assert not (tmp_path / "runs" / job_id / "secrets.json").exists()  # handed over, not kept twice
+        wait_until(lambda: c.get(f"/v1/jobs/{rest_id}", headers=auth()).json()["state"] == "succeeded",
+                   what="the job to finish")  # fmt: skip
+    # ... and the job store on disk never held them.
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "runs").glob("gateway.db*"))
+    assert stored and not any(pw.encode() in stored for pw in secrets)
+
+
 def test_a_too_short_token_is_refused_without_echoing_it(tmp_path):
     secret = "s3cr7"
     r = subprocess.run([sys.executable, "-m", "services.cli", "gateway", "--runs-dir", str(tmp_path), "--port", "0",

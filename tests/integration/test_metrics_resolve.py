@@ -8,6 +8,10 @@ scrapes every ``/metrics`` it has: the gateway's (with the token), the controlle
 ``deploy/grafana/dashboards/meshrl.json`` and ``deploy/prometheus/alerts.yml``, parses the
 metric names (and the labels they aggregate by) out of it, and asserts each one is a series
 that was scraped. ``up`` is the one name Prometheus itself makes (one per target).
+
+The job-level series (``JOB_SERIES``: stall flag, restarts, job ledger, queue ledger) are
+checked once more from the gateway's ``/metrics`` alone -- the fixed target the shipped
+Prometheus configs scrape with the token -- labelled with the job's id.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ from tests.fixtures.jobs import tiny_job_spec
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMETHEUS_MADE = {"up"}  # series Prometheus itself adds for every target
+PROMETHEUS_MADE = {"up"}
+#: Series of a whole job: on the gateway's /metrics for every job it runs (label job_id).
+JOB_SERIES = ("meshrl_job_stalled", "meshrl_job_service_restarts_total", "meshrl_job_ledger_samples_total",
+              "meshrl_ledger_samples")  # series Prometheus itself adds for every target
 _FUNCS_AND_WORDS = {
     "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
 }  # fmt: skip
@@ -198,10 +205,14 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
     train = write_rows(synthetic.arith_rows(64, seed=0, split="train"), tmp_path / "data" / "train.parquet")
     spec = tiny_job_spec("metrics-real", tiny_model, train, total_steps=4)
     scraper = Scraper().start()
+    # Only the gateway, as the shipped Prometheus configs scrape it (deploy/prometheus/prometheus.yml,
+    # deploy/k8s/monitoring.yaml: a fixed target, the token): the job-level series must be there.
+    gateway_only = Scraper().start()
     try:
         with running_gateway(tmp_path, LocalLauncher(), grpc=False) as gw, \
                 httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
             scraper.urls[gw.http_url + "/metrics"] = {"Authorization": f"Bearer {TOKEN}"}
+            gateway_only.urls[gw.http_url + "/metrics"] = {"Authorization": f"Bearer {TOKEN}"}
             r = c.post("/v1/jobs", json={"spec": spec}, headers=auth())
             assert r.status_code == 201, r.text
             jid = r.json()["id"]
@@ -219,6 +230,7 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
             _dashboard_of_the_real_job(tmp_path, gw.http_url, jid)
     finally:
         scraper.stop()
+        gateway_only.stop()
     # Every endpoint answered: gateway, controller, trainer, reward-0, rollout-0.
     assert len(scraper.scraped_ok) >= 5, scraper.scraped_ok
     missing = []
@@ -242,3 +254,19 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
     assert scraper.peak_of("meshrl_trainer_staleness_versions_count") > 0
     assert scraper.peak_of("meshrl_trainer_rollout_probs_diff_max") > 0
     assert scraper.peak_of("meshrl_gateway_jobs", state="succeeded") == 1
+    # The job-level series, through the gateway alone, labelled with the job's id.
+    for name in JOB_SERIES:
+        ids = {dict(ls).get("job_id") for ls in gateway_only.series.get(name, ())}
+        assert jid in ids, f"{name} not on the gateway's /metrics for job {jid}: {sorted(gateway_only.series)}"
+    assert gateway_only.peak_of("meshrl_job_ledger_samples_total", job_id=jid, stage="trained") > 0
+    assert gateway_only.peak_of("meshrl_job_ledger_samples_total", job_id=jid, stage="fed") > 0
+    assert gateway_only.peak_of("meshrl_ledger_samples", job_id=jid, stage="trained") > 0
+    assert gateway_only.peak_of("meshrl_job_stalled", job_id=jid) == 0
+    assert {dict(ls)["service"] for ls in gateway_only.series["meshrl_job_service_restarts_total"]} >= {
+        "trainer", "reward-0", "rollout-0"}  # fmt: skip
+    # and every alert/panel expression on them resolves with the gateway's series alone
+    for where, expr in _expressions():
+        names, by = promql_refs(expr)
+        if names & set(JOB_SERIES):
+            have = {k for n in names for ls in gateway_only.series.get(n, ()) for k, _ in ls}
+            assert by - {"instance", "job"} <= have, (where, expr, have)
