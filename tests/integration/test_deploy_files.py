@@ -345,6 +345,15 @@ def test_restart_policies_match_each_service_role():
         assert services[name]["restart"] == "unless-stopped", name
 
 
+def test_every_long_running_meshrl_service_has_cpu_and_memory_limits():
+    services = compose()["services"]
+    for name in ("gateway", *WORKER_SERVICES):
+        limits = services[name].get("deploy", {}).get("resources", {}).get("limits", {})
+        assert set(limits) >= {"cpus", "memory"}, f"{name}: deploy.resources.limits needs cpus and memory"
+        assert 0 < float(limits["cpus"]) <= 2, f"{name}: cpus {limits['cpus']} (a 2-core host must start it)"
+        assert re.fullmatch(r"\d+[mg]", str(limits["memory"])), f"{name}: memory {limits['memory']!r}"
+
+
 def test_the_gateway_runs_no_job_process_itself():
     services = compose()["services"]
     gw = " ".join(services["gateway"]["command"])
