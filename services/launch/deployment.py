@@ -36,6 +36,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,7 @@ class DeploymentLauncher(Launcher):
         self.pickup_timeout_s = pickup_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self._watch: dict[str, _JobWatch] = {}
+        self._watch_lock = threading.Lock()  # status() runs in the gateway's poller and request threads
 
     def start(self, job_id: str, spec_yaml: str, run_dir: Path) -> dict[str, Any]:
         from services import auth
@@ -189,13 +191,14 @@ class DeploymentLauncher(Launcher):
     def _progress(self, run_dir: Path, workers: list[dict[str, Any]], *, live: bool,
                   paused: bool = False) -> tuple[dict[str, Any], str]:
         key = str(run_dir)
-        try:
-            watch = self._watch.get(key) or self._watch.setdefault(key, _JobWatch(run_dir))
-        except Exception:  # noqa: BLE001 - no readable spec: no job-level progress, the job still runs
-            return {}, ""
-        if not live:
-            self._watch.pop(key, None)
-        return job_progress(watch, run_dir, workers, live=live, paused=paused)
+        with self._watch_lock:
+            try:
+                watch = self._watch.get(key) or self._watch.setdefault(key, _JobWatch(run_dir))
+            except Exception:  # noqa: BLE001 - no readable spec: no job-level progress, the job still runs
+                return {}, ""
+            if not live:
+                self._watch.pop(key, None)
+            return job_progress(watch, run_dir, workers, live=live, paused=paused)
 
     def status(self, handle: dict[str, Any]) -> JobStatus:
         run_dir = Path(handle["run_dir"])
@@ -337,7 +340,7 @@ class _JobWatch:
             client = make_redis_client(self.queues)
             try:
                 raw = await asyncio.wait_for(client.eval(_COUNT_STAGES, 1, f"{self.queues.namespace}:ledger:h"),
-                                             timeout=self.queues.op_timeout_s)
+                                             timeout=min(self.queues.op_timeout_s, 5.0))
             finally:
                 await client.aclose()
             got = json.loads(raw) if raw not in (None, b"", b"[]", b"{}") else {}
