@@ -383,6 +383,8 @@ def job_progress(watch: _JobWatch, run_dir: Path, workers: list[dict[str, Any]],
     }
     if step is not None:
         progress["step"] = step
+    if not live:
+        watch.stages_at = float("-inf")  # the final counts: read now, not the last (up to 10 s old) reading
     stages = watch.ledger_stages()
     if stages:
         progress["ledger_stages"] = stages
