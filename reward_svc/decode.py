@@ -4,7 +4,8 @@
 itself) and uses the Rust ``tokenizers`` library directly (``decode_batch`` runs on all
 cores, no Python per token); any other directory falls back to
 ``transformers.AutoTokenizer`` (``batch_decode``). :func:`response_lengths` computes each
-sample's valid response length from the batch's masks.
+sample's valid response length from the batch's masks; :func:`final_turn_spans` where
+each sample's last model turn lies (multi-turn trajectories, docs/agent.md).
 """
 
 from __future__ import annotations
@@ -83,3 +84,32 @@ def valid_id_lists(responses: torch.Tensor, lengths: torch.Tensor) -> list[list[
     arr = responses.numpy() if responses.device.type == "cpu" else responses.cpu().numpy()
     lens = lengths.tolist()
     return [arr[i, :n].tolist() for i, n in enumerate(lens)]
+
+
+def final_turn_spans(batch: Any, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(start, end)`` of each sample's last model turn in its response, int64 ``[B]`` each.
+
+    A multi-turn response interleaves model turns (``response_mask`` 1) and observations
+    (``response_mask`` 0, attended). The last model turn is the run of ``response_mask`` 1
+    that ends at the last model token before ``lengths`` (``end`` is one past it); it
+    starts one past the last 0 before that token. Without a ``response_mask`` (or when it
+    is 1 on every valid token, as for single-turn samples) that is ``(0, lengths)``: the
+    whole response. A sample with no model token gets the empty span ``(lengths, lengths)``.
+    """
+    responses = batch["responses"]
+    b, r = responses.shape
+    lengths = lengths.to(torch.int64)
+    if "response_mask" not in batch.keys() or r == 0:
+        return torch.zeros(b, dtype=torch.int64), lengths.clone()
+    mask = batch["response_mask"]
+    if mask.shape != responses.shape:
+        raise ValueError(f"response_mask shape {tuple(mask.shape)} does not cover responses {tuple(responses.shape)}")
+    pos = torch.arange(r, dtype=torch.int64).expand(b, r)
+    valid = pos < lengths.unsqueeze(-1)
+    model = (mask != 0) & valid
+    none = torch.full_like(pos, -1)
+    last_model = torch.where(model, pos, none).amax(dim=-1)  # -1: no model token
+    gap = (~model) & valid & (pos < last_model.unsqueeze(-1))
+    start = torch.where(gap, pos, none).amax(dim=-1) + 1
+    empty = last_model < 0
+    return torch.where(empty, lengths, start), torch.where(empty, lengths, last_model + 1)

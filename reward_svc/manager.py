@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reward_svc.decode import Decoder, response_lengths, valid_id_lists
+from reward_svc.decode import Decoder, final_turn_spans, response_lengths, valid_id_lists
 from reward_svc.sandbox.pool import CallResult, SandboxPool, validate_result
 from reward_svc.scorers import BUILTIN_SCORERS
 from services.config.reward import RewardConfig
@@ -155,14 +155,26 @@ class RewardManager:
         """Score several groups with one batched decode; a malformed group yields its error."""
         parsed: list[tuple[int, tuple]] = []
         out: list[Any] = [None] * len(datas)
+        final_turn = self.rm is None and self.cfg.solution_str == "final_turn"
+        spans: dict[int, list[tuple[int, int]]] = {}
         for i, data in enumerate(datas):
             try:
-                parsed.append((i, self._columns(data)))
+                cols = self._columns(data)
+                if final_turn:
+                    try:
+                        start, end = final_turn_spans(data.batch, cols[1])
+                        spans[i] = list(zip(start.tolist(), end.tolist(), strict=True))
+                    except ValueError as exc:
+                        raise MalformedBatchError(str(exc)) from None
+                parsed.append((i, cols))
             except MalformedBatchError as exc:
                 out[i] = exc
         all_ids: list[list[int]] = []
-        for _, (responses, lengths, *_rest) in parsed:
-            all_ids.extend(valid_id_lists(responses, lengths))
+        for i, (responses, lengths, *_rest) in parsed:
+            ids = valid_id_lists(responses, lengths)
+            if final_turn:  # solution_str = the last model turn only (docs/reward.md)
+                ids = [row[s:e] for row, (s, e) in zip(ids, spans[i], strict=True)]
+            all_ids.extend(ids)
         texts = self.decoder.decode_batch(all_ids, skip_special_tokens=self.cfg.skip_special_tokens) if all_ids else []
         if self.rm is not None:
             results = self._score_rm([datas[i] for i, _ in parsed], texts)

@@ -12,8 +12,9 @@ and copy the tool's answer. This script:
    tokenizer has ``<tool_call>`` as one token: a call is 9 tokens (4 fixed, 5 copied from
    the prompt) instead of 62 single characters;
 2. writes ``a*b=`` prompts with ``32 <= a, b <= 99`` in verl's parquet format (``OUT/data``;
-   data source ``meshrl/arith``, so the built-in scorer rewards the last integer of the
-   trajectory). Every product has four digits, so every transcript has the same layout and
+   data source ``meshrl/arith``; with ``reward.solution_str: final_turn`` in
+   ``examples/tools.yaml`` the built-in scorer rewards the last integer of the model's final
+   turn, not the calculator's observation). Every product has four digits, so every transcript has the same layout and
    each copied token sits at a fixed distance from its source;
 3. warm-starts it (``OUT/model-warm``) on tool-use transcripts, cut into turns: prompt ->
    call, and prompt + call + observation -> answer. The loss is on the model's tokens only.

@@ -89,6 +89,13 @@ class RewardConfig(StrictModel):
         description="Tokenizer directory (with tokenizer.json) or tokenizer.json file used to decode responses; "
         "None uses the job's model tokenizer.",
     )
+    solution_str: Literal["response", "final_turn"] = Field(
+        "response",
+        description="The text scorers receive as solution_str. response: every response token, as verl "
+        "(in a multi-turn trajectory that includes the tool observations); final_turn: only the last model "
+        "turn, the tokens after the last observation (the whole response for single-turn samples). "
+        "A reward model always scores prompt + whole response.",
+    )
     skip_special_tokens: bool = Field(True, description="Drop special tokens (EOS, pad) when decoding, as verl does.")
     isolate_builtin: bool = Field(
         False, description="Run the built-in scorers in the sandbox pool too (slower; they are trusted code)."
