@@ -90,6 +90,7 @@ def _obs_text(closed: bool, content: str) -> str:
 def test_two_turn_trajectory_token_by_token(rig, tiny_model: str) -> None:
     from transformers import AutoModelForCausalLM
 
+    from reward_svc.decode import final_turn_spans, response_lengths
     from services import wire
 
     el, engine, replica, agent = rig
@@ -114,6 +115,9 @@ def test_two_turn_trajectory_token_by_token(rig, tiny_model: str) -> None:
         obs_end = t1 + mask[t1:].index(1)
         t2_end = obs_end + (mask[obs_end:].index(0) if 0 in mask[obs_end:] else RESPONSE_LEN - obs_end)
         assert t2_end == n_resp and all(m == 0 for m in mask[n_resp:])
+        # reward.solution_str=final_turn decodes exactly model turn 2 of the received group
+        start, end = final_turn_spans(b, response_lengths(b))
+        assert (int(start[i]), int(end[i])) == (obs_end, t2_end)
         assert 1 <= t1 <= TURN and 1 <= t2_end - obs_end <= TURN
         # the observation is exactly the chat template's rendering of the tool message
         closed = resp[t1 - 1] in eos
