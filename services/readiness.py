@@ -134,6 +134,23 @@ class OutputWatcher:
         return "".join(lines if last is None else lines[-last:])
 
 
+def scan_log_for_ready(log: Path, offset: int = 0) -> tuple[Ready | None, int]:
+    """One look at ``log`` from byte ``offset``: (the readiness line among the complete lines
+    written since, or None; the offset to look from next time). Never blocks."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return None, offset
+    complete = data[: data.rfind(b"\n") + 1]
+    for line in complete.decode(errors="replace").splitlines():
+        r = parse_ready_line(line)
+        if r is not None:
+            return r, offset + len(complete)
+    return None, offset + len(complete)
+
+
 def wait_for_ready_in_log(proc: Any, log: Path, timeout: float, poll_s: float = 0.2, *, offset: int = 0,
                           should_stop: Any = lambda: False) -> Ready | None:
     """Wait until ``log`` (where ``proc`` writes its output), from byte ``offset`` on, holds
@@ -141,18 +158,9 @@ def wait_for_ready_in_log(proc: Any, log: Path, timeout: float, poll_s: float = 
     :class:`NotReady` with the log's tail if ``proc`` exits or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while not should_stop():
-        try:
-            with open(log, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except FileNotFoundError:
-            data = b""
-        complete = data[: data.rfind(b"\n") + 1]
-        offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            r = parse_ready_line(line)
-            if r is not None:
-                return r
+        r, offset = scan_log_for_ready(log, offset)
+        if r is not None:
+            return r
         if proc.poll() is not None:
             raise NotReady(f"exited with code {proc.returncode} before announcing readiness; "
                            f"last lines of {log}:\n{_tail(log)}")

@@ -16,16 +16,27 @@ storage the whole deployment shares (``RUNS_DIR``):
                                         gives every container one from a secret
     RUN_DIR/control.json                {"paused": bool}         (gateway -> workers)
     RUN_DIR/finished.json               {"state", "detail"}      (first writer wins)
-    RUN_DIR/workers/<name>.json         {"role", "state", "exit_code", ...} (each worker)
+    RUN_DIR/workers/<name>.json         {"role", "state", "restarts", "counters", ...} (each worker)
     RUN_DIR/logs/<name>.log             the service's output
 
 The wiring (``--deployment-config``, e.g. ``deploy/config/deployment.yaml``) is the part
 of a spec that belongs to the deployment, not to the job: where the services bind and meet
 (queues, hosts, ports) and where checkpoints go; ``{job_id}`` in its strings is replaced.
-A job ends when the trainer's worker sees the trainer exit (0 = succeeded), when any other
-service exits with an error (failed, naming it), or when the gateway cancels it; every
-worker then stops its service (SIGTERM, SIGKILL after a grace period). If no worker takes a
-job within ``pickup_timeout_s`` it fails with a message saying so.
+Each worker supervises its service with the job's restart policy (``services.restart``),
+the same :class:`~services.launch.supervision.Supervisor` ``meshrl run`` applies
+(docs/supervision.md): a service that exits (any exit, except the trainer's ``0``) is
+started again after the backoff, up to ``max_restarts`` times over the job, while the other
+containers keep running; once it announced readiness its worker probes its ``/health`` and
+kills one silent for ``heartbeat_timeout_s`` (then the restart rule). Every worker reports
+its service's ledger counters in ``RUN_DIR/workers/<name>.json``; the launcher sums them
+(:func:`job_progress`) and, with none moving for ``stall_warn_s``, reports the job stalled
+(the status detail), past ``stall_timeout_s`` fails it.
+
+A job ends when the trainer's worker sees the trainer exit 0 (succeeded), when a service
+exhausts its restart budget or the job stalls past its deadline (failed, naming the service
+and why), or when the gateway cancels it; every worker then stops its service (SIGTERM,
+SIGKILL after a grace period). If no worker takes a job within ``pickup_timeout_s`` it fails
+with a message saying so.
 """
 
 from __future__ import annotations
@@ -223,7 +234,16 @@ class DeploymentLauncher(Launcher):
         names = ", ".join(sorted(w.get("name", "?") for w in running)) or "none"
         paused = bool((_read_json(run_dir / CONTROL) or {}).get("paused", False))
         progress, stalled = self._progress(run_dir, workers, live=True, paused=paused)
-        detail = f"stalled: {stalled}; services running: {names}" if stalled else f"services running: {names}"
+        watch = self._watch.get(str(run_dir))
+        if stalled and watch is not None and watch.fatal:  # the workers see finished.json and stop
+            finish(run_dir, JobState.FAILED.value, f"job stalled: {stalled}")
+            return self.status(handle)
+        detail = f"services running: {names}"
+        restarting = sorted(str(w.get("name", "?")) for w in workers if w.get("state") == "restarting")
+        if restarting:
+            detail += f"; restarting: {', '.join(restarting)}"
+        if stalled:
+            detail = f"stalled: {stalled}; {detail}"
         return JobStatus(JobState.PAUSED if paused else JobState.RUNNING, detail, progress=progress)
 
     def _control(self, handle: dict[str, Any], paused: bool) -> None:
@@ -305,6 +325,12 @@ class ServiceMeter:
                          if k in got or k in self.base}
         return True
 
+    def restarted(self) -> None:
+        """Its worker started the service again: the counters of the runs before carry on."""
+        if self.role != "trainer":
+            self.base = dict(self.counters)
+        self.ready = False
+
     def fields(self) -> dict[str, Any]:
         return {"runs": self.runs, "counters": self.counters, "ready": self.ready}
 
@@ -326,6 +352,7 @@ class _JobWatch:
         self.paused = False
         self.stages: dict[str, int] = {}
         self.stages_at = float("-inf")
+        self.fatal = False  # stalled past services.restart.stall_timeout_s
 
     def ledger_stages(self) -> dict[str, int]:
         """Samples by latest stage in the Redis ledger (at most every :data:`STAGES_EVERY_S`)."""
@@ -379,7 +406,8 @@ def job_progress(watch: _JobWatch, run_dir: Path, workers: list[dict[str, Any]],
     counts = ledger.counts()
     progress: dict[str, Any] = {
         "ledger": counts, "total_steps": watch.total_steps,
-        "restarts": {str(w.get("name", "?")): max(0, int(w.get("runs") or 1) - 1) for w in workers},
+        "restarts": {str(w.get("name", "?")): max(0, int(w.get("runs") or 1) - 1) + int(w.get("restarts") or 0)
+                     for w in workers},
     }
     if step is not None:
         progress["step"] = step
@@ -392,15 +420,19 @@ def job_progress(watch: _JobWatch, run_dir: Path, workers: list[dict[str, Any]],
     # stall_warn_s (the clock starts again when a service (re)starts or gets ready, and on resume).
     why = ""
     now = time.monotonic()
-    running = frozenset(f"{w.get('name')}:{bool(w.get('ready'))}" for w in workers if w.get("state") == "running")
+    running = frozenset(f"{w.get('name')}:{w.get('state')}:{bool(w.get('ready'))}" for w in workers
+                        if w.get("state") in ("running", "restarting"))
     if running != watch.running or paused != watch.paused:
         watch.sup.touch(now)
         watch.running, watch.paused = running, paused
     watch.sup.progress({k: counts[k] for k in ("fed", "generated", "scored", "trained")}, now)
     all_ready = all(w.get("ready") for w in workers if w.get("state") == "running")
     if live and not paused and running and all_ready:
-        stall = watch.sup.stall(now, "no sample generated, scored or trained by the deployment's services")
+        restarting = sorted(str(w.get("name")) for w in workers if w.get("state") == "restarting")
+        stall = watch.sup.stall(now, f"waiting for {', '.join(restarting)} to restart" if restarting
+                                else "no sample generated, scored or trained by the deployment's services")
         why = stall.reason if stall is not None else ""
+        watch.fatal = stall is not None and stall.fatal
     progress["stalled"] = bool(why)
     return progress, why
 
@@ -429,8 +461,15 @@ class Worker:
         self._stop = True
 
     def _idle(self, idle: bool, job: str = "") -> None:
+        self._state("idle" if idle else "starting", job)
+
+    def _state(self, word: str, job: str = "") -> None:
+        """For the container's health check: ``idle``, ``starting JOB`` (the service is
+        not ready yet), ``restarting JOB`` (waiting out a restart's backoff) -- all healthy
+        by themselves -- or ``running JOB``, when the check is the service's /health."""
         if self.state_file is not None:
-            self.state_file.write_text("idle\n" if idle else f"running {job}\n")
+            self.state_file.write_text(f"{word} {job}".strip() + "\n")
+
 
     def next_job(self) -> tuple[str, Path] | None:
         cur = _read_json(self.runs_dir / CURRENT)
@@ -458,11 +497,20 @@ class Worker:
         _write_json(run_dir / WORKERS / f"{self.name}.json", {"name": self.name, "role": self.role, **fields})
 
     def run_job(self, job_id: str, run_dir: Path) -> int | None:
+        """Run the role's service for one job, supervised by the job's restart policy
+        (``services.restart``, the same :class:`~services.launch.supervision.Supervisor` as
+        ``meshrl run``): a crash is restarted after the backoff until the budget is spent,
+        and a service whose ``/health`` stays silent is killed and restarted (see the module
+        doc). Returns the service's last exit code."""
         from services import auth
-        from services.launch.procs import log_tail
+        from services.launch.procs import http_get, log_tail
+        from services.launch.supervision import Supervisor
+        from services.readiness import scan_log_for_ready
 
         self._done.add(str(run_dir))
         self._idle(False, job_id)
+        policy = job_restart_policy(run_dir)
+        sup = Supervisor(policy, [self.name])
         view = run_dir / VIEWS / f"{self.role}.yaml"
         argv = [a.replace("{view}", str(view)).replace("{spec}", str(run_dir / SPEC)).replace("{run_dir}", str(run_dir))
                 .replace("{name}", self.name) for a in self.command]
@@ -474,41 +522,101 @@ class Worker:
         # A worker that comes back (its container restarted) runs the job's service again:
         # one more run, and the counters of the runs before carry on (docs/metrics.md).
         meter = ServiceMeter(self.role, _read_json(run_dir / WORKERS / f"{self.name}.json"))
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=run_dir, env=env, start_new_session=True)
         metrics_url = _metrics_url(view)
-        self._report(run_dir, state="running", pid=proc.pid, started=time.time(), **meter.fields())
+        proc: subprocess.Popen | None = None
+        rc: int | None = None
+        restart_at = 0.0
+        offset, url, kill_reason, answering = 0, None, "", True
         paused = stopping_since = None
         next_scrape = time.monotonic() + self.scrape_s
-        while proc.poll() is None:
-            if metrics_url and time.monotonic() >= next_scrape and not paused:
-                next_scrape = time.monotonic() + self.scrape_s
-                if meter.read(metrics_url):
-                    self._report(run_dir, state="running", pid=proc.pid, started=time.time(), **meter.fields())
-            if self._stop or (run_dir / FINISHED).exists():
+        info: dict[str, Any] = {}  # what this worker last reported beside its state
+        while True:
+            now = time.monotonic()
+            stopping = self._stop or (run_dir / FINISHED).exists()
+            if proc is None:  # not started yet, or waiting out a restart's backoff
+                if stopping:
+                    break
+                if now >= restart_at:
+                    with open(log_path, "ab") as log:
+                        offset = log.tell()  # this start's output: its readiness line is after it
+                        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                cwd=run_dir, env=env, start_new_session=True)
+                    url, kill_reason, answering, paused = None, "", True, None
+                    self._state("starting", job_id)
+                    if sup.restarts()[self.name]:
+                        meter.restarted()
+                    info = {"pid": proc.pid, "started": time.time(), "restarts": sup.restarts()[self.name]}
+                    self._report(run_dir, state="running", **info, **meter.fields())
+                    continue
+            elif (rc := proc.poll()) is not None:
+                self._signal(proc, signal.SIGKILL)  # helpers the service left behind in its session
+                if stopping:
+                    break
+                if self.ends_job and rc == 0:
+                    finish(run_dir, JobState.SUCCEEDED.value, f"{self.name} finished")
+                    break
+                how = f"exited with code {rc}" + (f" ({kill_reason})" if kill_reason else "")
+                decision = sup.exited(self.name, how, now)
+                if decision.action == "fail":
+                    self._say(log_path, decision.reason)
+                    finish(run_dir, JobState.FAILED.value,
+                           f"{self.name} ({self.role}): {decision.reason}; last lines of its log:\n{log_tail(log_path)}")
+                    break
+                self._say(log_path, decision.reason)
+                info = {"exit_code": rc, "last_exit": how, "restarts": sup.restarts()[self.name]}
+                self._report(run_dir, state="restarting", **info, **meter.fields())
+                self._state("restarting", job_id)
+                proc, restart_at = None, now + decision.delay_s
+                continue
+            elif stopping:
                 if stopping_since is None:
-                    stopping_since = time.monotonic()
+                    stopping_since = now
                     self._signal(proc, signal.SIGTERM)
                     self._signal(proc, signal.SIGCONT)
-                elif time.monotonic() - stopping_since > self.grace_s:
+                elif now - stopping_since > self.grace_s:
                     self._signal(proc, signal.SIGKILL)
             else:
                 want = bool((_read_json(run_dir / CONTROL) or {}).get("paused", False))
                 if want != bool(paused):
                     self._signal(proc, signal.SIGSTOP if want else signal.SIGCONT)
                     paused = want
+                    if not want:  # a pause is not silence
+                        sup.beat(self.name, now)
+                if not paused:
+                    if url is None:
+                        ready, offset = scan_log_for_ready(log_path, offset)
+                        if ready is not None and "metrics" in ready.addresses:
+                            url = "http://" + local_address(ready.address("metrics"))
+                            sup.started(self.name, now)
+                            self._state("running", job_id)
+                    else:
+                        answering = http_get(url + "/health", timeout=1.0)[0] == 200
+                        if answering:
+                            sup.beat(self.name, now)
+                        for _, why in sup.stuck(now) if not kill_reason else ():
+                            self._say(log_path, f"{self.name} is stuck ({why}); killing it")
+                            kill_reason = why
+                            self._signal(proc, signal.SIGCONT)
+                            self._signal(proc, signal.SIGKILL)
+                    scrape_url = metrics_url or (url + "/metrics" if url else None)
+                    if scrape_url and now >= next_scrape:
+                        next_scrape = now + self.scrape_s
+                        if meter.read(scrape_url):
+                            self._report(run_dir, state="running", **info, **meter.fields(), answering=answering)
             time.sleep(self.poll_s)
-        rc = proc.returncode
-        self._signal(proc, signal.SIGKILL)  # helpers the service left behind in its session
-        self._report(run_dir, state="exited", exit_code=rc, ended=time.time(), **meter.fields())
-        if self.ends_job and rc == 0:
-            finish(run_dir, JobState.SUCCEEDED.value, f"{self.name} finished")
-        elif rc != 0 and not (run_dir / FINISHED).exists():
-            why = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
-            finish(run_dir, JobState.FAILED.value,
-                   f"{self.name} ({self.role}) failed ({why}); last lines of its log:\n{log_tail(log_path)}")
+        self._report(run_dir, state="exited", exit_code=rc, ended=time.time(),
+                     restarts=sup.restarts()[self.name], **meter.fields())
         return rc
+
+    def _say(self, log_path: Path, msg: str) -> None:
+        """A supervision event: on the worker's output and in the service's log."""
+        line = f"meshrl worker: {msg}"
+        print(line, flush=True)
+        try:
+            with open(log_path, "a") as fh:
+                fh.write(line + "\n")
+        except OSError:
+            pass
 
     @staticmethod
     def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -516,6 +624,28 @@ class Worker:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def job_restart_policy(run_dir: Path) -> Any:
+    """The job's ``services.restart`` (its spec.yaml), the defaults where it says nothing."""
+    from services.config.restart import RestartConfig
+
+    try:
+        raw = yaml.safe_load((run_dir / SPEC).read_text()) or {}
+        return RestartConfig.model_validate(((raw.get("services") or {}).get("restart")) or {})
+    except (OSError, yaml.YAMLError, ValueError, AttributeError):
+        return RestartConfig()
+
+
+def local_address(address: str) -> str:
+    """``host:port`` a service announced, as its worker (in the same container) reaches it:
+    a wildcard bind is the loopback."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "[::1]"
+    return f"{host}:{port}"
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -528,7 +658,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrape", type=float, default=5.0,
                    help="seconds between reads of the service's /metrics for the job ledger (its report)")
     p.add_argument("--state-file", default="/tmp/meshrl-worker.state",
-                   help="'idle' or 'running JOB' for the container's health check")
+                   help="'idle', 'starting JOB', 'restarting JOB' or 'running JOB' (the service announced "
+                   "readiness: check its /health) for the container's health check")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- then the service's command; {view} is the role's view of the job (RUN_DIR/config/ROLE.yaml), "
                    "{spec} and {run_dir} name the job's files, {name} this worker")

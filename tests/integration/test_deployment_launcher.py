@@ -6,6 +6,7 @@ whole stack with the real services runs in tests/integration/test_compose_podman
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,10 +25,28 @@ WIRING = {"queues": {"type": "embedded", "address": "broker:50080"},
           "trainer": {"default_local_dir": "/checkpoints/{job_id}"}}
 
 
-def spec_yaml(tmp_path: Path, name: str = "dep") -> str:
-    return yaml.safe_dump({"name": name, "model": {"path": str(tmp_path)},
-                           "data": {"train_files": [str(tmp_path / "t.parquet")], "train_batch_size": 4},
-                           "actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}})
+STUB = str(ROOT / "tests" / "integration" / "deployment_stub_service.py")
+
+
+def spec_yaml(tmp_path: Path, name: str = "dep", restart: dict | None = None) -> str:
+    spec = {"name": name, "model": {"path": str(tmp_path)},
+            "data": {"train_files": [str(tmp_path / "t.parquet")], "train_batch_size": 4},
+            "actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}}
+    if restart:
+        spec["services"] = {"restart": restart}
+    return yaml.safe_dump(spec)
+
+
+def pids(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def wait_pids(path: Path, n: int, timeout: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while len(pids(path)) < n:
+        assert time.monotonic() < deadline, f"{path} never held {n} pids: {pids(path)}"
+        time.sleep(0.1)
+    return pids(path)
 
 
 class Workers:
@@ -115,16 +134,21 @@ def test_a_job_runs_on_the_workers_and_ends_with_the_trainer(runs, tmp_path, mon
     assert "exited" in (run_dir / "workers" / "feeder-1.json").read_text()
 
 
-def test_a_failing_service_fails_the_job_naming_it_and_the_next_job_runs(runs, tmp_path):
+def test_a_service_that_keeps_failing_fails_the_job_naming_it_and_its_budget_and_the_next_job_runs(runs, tmp_path):
     runs_dir, workers = runs
     launcher = DeploymentLauncher(WIRING)
     workers.start("trainer", sys.executable, "-c", "import time; time.sleep(600)", ends_job=True)
     workers.start("reward", sys.executable, "-c",  # fails on job-b only
                   "import sys, time\nif 'job-b' in '{run_dir}': print('scorer exploded'); sys.exit(3)\ntime.sleep(600)")
-    h = launcher.start("job-b", spec_yaml(tmp_path), runs_dir / "job-b")
+    h = launcher.start("job-b", spec_yaml(tmp_path, restart={"max_restarts": 2, "backoff_s": 0.1}), runs_dir / "job-b")
     st = wait_state(launcher, h, {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-    assert st.state == JobState.FAILED and "reward-1" in st.detail and "exit code 3" in st.detail
-    assert "scorer exploded" in st.detail
+    assert st.state == JobState.FAILED, st.detail
+    assert "reward-1 exited with code 3" in st.detail and "restarted 2 time(s)" in st.detail
+    assert "services.restart.max_restarts=2" in st.detail and "scorer exploded" in st.detail
+    log = (Path(h["run_dir"]) / "logs" / "reward-1.log").read_text()
+    assert log.count("scorer exploded") == 3  # the first start and its 2 restarts
+    assert "restart 1/2" in log and "restart 2/2" in log
+    assert st.progress["restarts"]["reward-1"] == 2
     # one job at a time: a second start is refused while one runs, accepted once it ended
     h2 = launcher.start("job-c", spec_yaml(tmp_path), runs_dir / "job-c")
     with pytest.raises(LaunchError, match="running job job-c"):
@@ -202,3 +226,104 @@ def test_a_redis_deployment_starts_each_job_on_an_empty_database(runs, tmp_path,
     launcher.start("job-r", spec_yaml(tmp_path), runs_dir / "job-r")
     assert client.dbsize() == 0
     client.close()
+
+
+def test_a_killed_service_is_restarted_while_the_others_run_and_the_job_finishes(runs, tmp_path):
+    runs_dir, workers = runs
+    launcher = DeploymentLauncher(WIRING)
+    h = launcher.start("job-k", spec_yaml(tmp_path, restart={"backoff_s": 0.2}), runs_dir / "job-k")
+    run_dir = Path(h["run_dir"])
+    # the trainer ends the job once the reward service started a second time
+    workers.start("trainer", sys.executable, STUB, "--pids", "{run_dir}/trainer.pids", "--serve",
+                  "--wait-lines", "{run_dir}/reward.pids", "2", ends_job=True, scrape="0.5")
+    workers.start("reward", sys.executable, STUB, "--pids", "{run_dir}/reward.pids", "--serve", scrape="0.5")
+    first = wait_pids(run_dir / "reward.pids", 1)[0]
+    os.kill(first, signal.SIGKILL)
+    st = wait_state(launcher, h, {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+    assert st.state == JobState.SUCCEEDED, st.detail
+    reward = pids(run_dir / "reward.pids")
+    assert len(reward) == 2 and reward[1] != first
+    assert len(pids(run_dir / "trainer.pids")) == 1  # the rest of the mesh kept running
+    assert st.progress["restarts"] == {"reward-1": 1, "trainer-0": 0}
+    assert "reward-1 exited with code -9; restart 1/3" in (run_dir / "logs" / "reward-1.log").read_text()
+
+
+def test_a_silent_service_is_killed_and_restarted(runs, tmp_path):
+    runs_dir, workers = runs
+    launcher = DeploymentLauncher(WIRING)
+    h = launcher.start("job-s", spec_yaml(tmp_path, restart={"backoff_s": 0.2, "heartbeat_timeout_s": 2}),
+                       runs_dir / "job-s")
+    run_dir = Path(h["run_dir"])
+    workers.start("trainer", sys.executable, STUB, "--pids", "{run_dir}/trainer.pids", "--serve",
+                  "--wait-lines", "{run_dir}/reward.pids", "2", ends_job=True, scrape="0.5")
+    workers.start("reward", sys.executable, STUB, "--pids", "{run_dir}/reward.pids", "--serve", scrape="0.5")
+    first = wait_pids(run_dir / "reward.pids", 1)[0]
+    state = runs_dir / "reward-1.state"
+    deadline = time.monotonic() + 60  # its worker found it ready: heartbeats (and the container's
+    while (state.read_text() if state.exists() else "") != "running job-s\n":  # health check) from now on
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(first, signal.SIGSTOP)  # alive, but its /health never answers
+    st = wait_state(launcher, h, {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+    assert st.state == JobState.SUCCEEDED, st.detail
+    log = (run_dir / "logs" / "reward-1.log").read_text()
+    assert "reward-1 is stuck (no heartbeat for" in log
+    assert "reward-1 exited with code -9 (no heartbeat for" in log
+    assert not Path(f"/proc/{first}").exists() or "Z" in Path(f"/proc/{first}/stat").read_text().split()[2]
+
+
+def test_a_job_without_progress_is_reported_stalled_then_fails_saying_so(runs, tmp_path):
+    runs_dir, workers = runs
+    launcher = DeploymentLauncher(WIRING)
+    h = launcher.start("job-t", spec_yaml(tmp_path, restart={"stall_warn_s": 1, "stall_timeout_s": 6}),
+                       runs_dir / "job-t")
+    workers.start("trainer", sys.executable, STUB, "--pids", "{run_dir}/trainer.pids", "--serve", ends_job=True, scrape="0.5")
+    workers.start("reward", sys.executable, STUB, "--pids", "{run_dir}/reward.pids", "--serve", scrape="0.5")
+    seen = set()
+    deadline = time.monotonic() + 60
+    while (st := launcher.status(h)).state == JobState.RUNNING:
+        seen.add(st.detail.split(":")[0])
+        assert time.monotonic() < deadline, st.detail
+        time.sleep(0.2)
+    assert "stalled" in seen  # the status said so while it ran
+    assert st.state == JobState.FAILED
+    assert st.detail.startswith("job stalled: no progress for") and "services.restart.stall_timeout_s=6" in st.detail
+    assert "no sample generated, scored or trained by the deployment's services" in st.detail
+
+
+def test_a_job_making_progress_is_not_stalled(runs, tmp_path):
+    runs_dir, workers = runs
+    launcher = DeploymentLauncher(WIRING)
+    h = launcher.start("job-g", spec_yaml(tmp_path, restart={"stall_warn_s": 1, "stall_timeout_s": 3}),
+                       runs_dir / "job-g")
+    # the trainer runs well past the stall deadline while the reward service keeps scoring
+    workers.start("trainer", sys.executable, STUB, "--pids", "{run_dir}/trainer.pids", "--serve", "--seconds", "12",
+                  ends_job=True, scrape="0.5")
+    workers.start("reward", sys.executable, STUB, "--pids", "{run_dir}/reward.pids", "--serve",
+                  "--grow", "meshrl_reward_samples_total", scrape="0.5")
+    st = wait_state(launcher, h, {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+    assert st.state == JobState.SUCCEEDED, st.detail
+
+
+def test_a_paused_service_is_not_taken_for_a_silent_one(runs, tmp_path):
+    runs_dir, workers = runs
+    launcher = DeploymentLauncher(WIRING)
+    h = launcher.start("job-q", spec_yaml(tmp_path, restart={"heartbeat_timeout_s": 1, "stall_warn_s": 1,
+                                                             "stall_timeout_s": 2}), runs_dir / "job-q")
+    run_dir = Path(h["run_dir"])
+    workers.start("trainer", sys.executable, STUB, "--pids", "{run_dir}/trainer.pids", "--serve",
+                  "--grow", "meshrl_trainer_samples_total", ends_job=True, scrape="0.5")
+    report = run_dir / "workers" / "trainer-0.json"
+    deadline = time.monotonic() + 60
+    while '"ready": true' not in (report.read_text() if report.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    launcher.pause(h)
+    time.sleep(6)  # well past the heartbeat and stall deadlines (several probe rounds)
+    launcher.resume(h)
+    time.sleep(1.5)
+    st = launcher.status(h)
+    assert st.state == JobState.RUNNING, st.detail
+    assert len(pids(run_dir / "trainer.pids")) == 1  # never killed: a pause is not silence
+    assert st.progress["restarts"] == {"trainer-0": 0}
+    launcher.cancel(h, timeout=20)
