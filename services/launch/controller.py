@@ -287,9 +287,6 @@ class JobController:
             if self._stop_signal is not None:
                 self.state, self.detail = "cancelled", f"stopped by signal {self._stop_signal}"
                 return 130
-                if self._stop_signal is not None:
-                    self.state, self.detail = "cancelled", f"stopped by signal {self._stop_signal}"
-                    return 130
             self.state = "running"
             return await self._loop()
         except ServiceFailed as exc:
@@ -539,7 +536,7 @@ class JobController:
         scrapes = await asyncio.gather(*(asyncio.to_thread(scrape, u) for u in urls.values()))
         self._scrapes = {}
         for name, got in zip(urls, scrapes):
-            self.ledger.observe(name, got)
+            self.ledger.observe(name, got, incarnation=self.sup.restarts().get(name, 0))
             self._scrapes[name] = got
         current = self._scrapes.get("trainer", {}).get("meshrl_trainer_policy_version")
         served = {n: s.get("meshrl_rollout_served_version") for n, s in self._scrapes.items() if n.startswith("rollout")}

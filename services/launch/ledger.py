@@ -1,7 +1,7 @@
 """The job's sample ledger: what happened to every sample, checkable from outside.
 
 Counts (``status.json`` ``ledger``, ``summary.json``, the controller's ``/metrics`` as
-``meshrl_ledger_samples_total{stage=...}``):
+``meshrl_job_ledger_samples_total{stage=...}``):
 
 * ``fed``            samples asked for: prompts fed x ``rollout.n``
 * ``generated``      samples the rollout replicas delivered (every incarnation)
@@ -73,8 +73,10 @@ class Ledger:
         self.prompts_fed = 0
         self.audited: dict[str, Any] | None = None
 
-    def observe(self, source: str, scrape: Mapping[str, float]) -> None:
-        """One service's /metrics (summed per name); {} (unreachable) is ignored."""
+    def observe(self, source: str, scrape: Mapping[str, float], incarnation: int = 0) -> None:
+        """One service's /metrics (summed per name); {} (unreachable) is ignored.
+        ``incarnation`` (its restart count) keeps each process's counters apart: a restarted
+        process may count past its predecessor's last value before its first scrape."""
         if not scrape:
             return
         if source == "trainer":
@@ -82,12 +84,12 @@ class Ledger:
                 "meshrl_trainer_samples_total", "meshrl_trainer_failed_score_samples_total",
                 "meshrl_trainer_dropped_stale_samples_total", "meshrl_trainer_dropped_error_samples_total")}
         elif source.startswith("rollout"):
-            self.events.update(source, {
+            self.events.update(f"{source}#{incarnation}", {
                 "generated": scrape.get("meshrl_rollout_samples_total", 0.0),
                 "regenerated": scrape.get("meshrl_rollout_regenerated_samples_total", 0.0),
                 "tokens": scrape.get("meshrl_rollout_tokens_total", 0.0)})
         elif source.startswith("reward"):
-            self.events.update(source, {"scored": scrape.get("meshrl_reward_samples_total", 0.0)})
+            self.events.update(f"{source}#{incarnation}", {"scored": scrape.get("meshrl_reward_samples_total", 0.0)})
 
     def read_checkpoint(self, ckpt_dir: Path) -> bool:
         """Take the trainer's counters from its newest checkpoint (exact at the end of a

@@ -61,6 +61,18 @@ def test_meter_keeps_the_counts_of_earlier_incarnations():
     assert m.total("generated") == 10 + 5 + 3 + 2
 
 
+def test_the_ledger_keeps_a_restarted_services_counts_apart_from_its_predecessors(tmp_path):
+    from services.launch.ledger import Ledger
+
+    ledger = Ledger(tmp_path, n=4)
+    ledger.observe("reward-0", {"meshrl_reward_samples_total": 16.0})
+    # frozen, killed, restarted: the new process scored 20 before its first scrape (more
+    # than the last count seen of the old one, so no counter went down)
+    ledger.observe("reward-0", {"meshrl_reward_samples_total": 20.0}, incarnation=1)
+    ledger.observe("rollout-0", {"meshrl_rollout_samples_total": 8.0})
+    assert ledger.counts()["scored"] == 36 and ledger.counts()["generated"] == 8
+
+
 def test_restart_policy_is_part_of_the_job_spec_and_strict():
     base = {"name": "t", "model": {"path": "/m"}, "data": {"train_files": "/d.parquet", "train_batch_size": 4},
             "rollout": {"n": 4}, "actor": {"ppo_mini_batch_size": 4}}
@@ -85,3 +97,30 @@ def test_a_replica_serving_too_old_a_version_for_too_long_is_stuck():
     assert sup.stuck(12.5) == []
     sup.versions(None, {"rollout-1": 2}, allowed=1, now=13.0)  # trainer unknown (restarting): no verdict
     assert sup.stuck(30.0) == [] or all("no heartbeat" in w for _, w in sup.stuck(30.0))
+
+
+def test_a_worker_reads_the_jobs_restart_policy_and_probes_wildcard_binds_on_the_loopback(tmp_path):
+    from services.launch.deployment import job_restart_policy, local_address
+
+    (tmp_path / "spec.yaml").write_text("services:\n  restart:\n    max_restarts: 7\n    heartbeat_timeout_s: 9\n")
+    policy = job_restart_policy(tmp_path)
+    assert (policy.max_restarts, policy.heartbeat_timeout_s, policy.backoff_s) == (7, 9.0, 1.0)
+    assert job_restart_policy(tmp_path / "nowhere") == RestartConfig()
+    assert local_address("0.0.0.0:9101") == "127.0.0.1:9101"
+    assert local_address("[::]:9101") == "[::1]:9101"
+    assert local_address("10.0.0.5:9101") == "10.0.0.5:9101"
+
+
+def test_scanning_a_log_for_readiness_never_takes_half_a_line(tmp_path):
+    from services.readiness import ready_line, scan_log_for_ready
+
+    log = tmp_path / "svc.log"
+    assert scan_log_for_ready(log, 0) == (None, 0)  # not written yet
+    line = ready_line("reward", "reward-0", {"metrics": "0.0.0.0:9102"})
+    log.write_text("loading\n" + line[:20])
+    ready, offset = scan_log_for_ready(log, 0)
+    assert ready is None and offset == len("loading\n")
+    log.write_text("loading\n" + line + "\nserving\n")
+    ready, offset = scan_log_for_ready(log, offset)
+    assert ready is not None and ready.address("metrics") == "0.0.0.0:9102"
+    assert scan_log_for_ready(log, offset) == (None, offset)  # an older start's line is not seen again
