@@ -34,11 +34,17 @@ def load_spec_or_report(args: argparse.Namespace) -> Any | None:
 
 def check_inputs_or_report(spec: Any, spec_path: str) -> bool:
     """True when the model and data files of ``spec`` can be read and every registry name
-    it uses exists; else print one line per problem to stderr and return False."""
+    it uses exists; else print one line per problem to stderr and return False. A spec
+    without problems may still get warnings on stderr (one line each: what it gives up)."""
     from services.config.names import name_problems
     from services.data.check import check_inputs
+
+    from services.launch.supervision import resume_warnings
 
     problems = check_inputs(spec) + name_problems(spec)
     for line in problems:
         print(f"{spec_path}: {line}", file=sys.stderr)
+    if not problems:
+        for line in resume_warnings(spec):
+            print(f"{spec_path}: warning: {line}", file=sys.stderr)
     return not problems

@@ -194,7 +194,11 @@ class TrainerConfig(StrictModel):
     """The training loop (verl ``trainer``) and meshrl's service settings."""
 
     total_steps: int = Field(1, ge=1, le=100_000_000, description="optimizer-step rounds (policy versions) to run")
-    save_freq: int = Field(-1, ge=-1, le=100_000_000, description="checkpoint every N steps; -1 = only on SIGTERM/end")
+    save_freq: int = Field(
+        -1, ge=-1, le=100_000_000,
+        description="checkpoint every N steps; -1 = only on SIGTERM/end. Exact resume after a trainer crash "
+        "needs N > 0 (acks then follow checkpoints; docs/supervision.md)",
+    )
     default_local_dir: str = Field("checkpoints", min_length=1, description="checkpoint directory")
     resume: Literal["auto", "disable"] = Field("auto", description="auto: continue from the latest checkpoint if any")
     max_ckpt_to_keep: int = Field(2, ge=1, le=1000, description="older checkpoints are deleted")

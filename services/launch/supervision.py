@@ -37,7 +37,22 @@ from typing import Any, Literal
 
 from services.config.restart import RestartConfig
 
-__all__ = ["Decision", "RestartConfig", "Stall", "Supervisor", "stall_reason"]
+__all__ = ["Decision", "RestartConfig", "Stall", "Supervisor", "resume_warnings", "stall_reason"]
+
+
+def resume_warnings(spec: Any) -> list[str]:
+    """What a job spec gives up of exact resume (one line each; ``meshrl validate`` and
+    ``meshrl run`` print them). The trainer defers its acks to its checkpoints only with
+    ``trainer.save_freq > 0``; without that, a trainer the supervisor restarts after a crash
+    resumes from its last checkpoint (written only at a stop or the end) while the samples
+    of the steps trained since are acked already: those steps are lost."""
+    out = []
+    if spec.services.restart.max_restarts > 0 and spec.trainer.save_freq <= 0:
+        out.append(f"trainer.save_freq: {spec.trainer.save_freq} checkpoints only at a stop or the end, so a trainer "
+                   f"restarted after a crash (services.restart.max_restarts={spec.services.restart.max_restarts}) "
+                   "loses the steps trained since its last checkpoint (their samples are acked already); set "
+                   "trainer.save_freq > 0 for exact resume (docs/supervision.md)")
+    return out
 
 
 @dataclass

@@ -110,6 +110,21 @@ def test_meshrl_validate_cli(tmp_path, capsys):
     assert "rollout.nn: unknown key" in capsys.readouterr().err
 
 
+def test_validate_warns_in_one_line_when_a_trainer_restart_would_lose_steps(tmp_path, capsys):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_readable_inputs(tmp_path)))
+    job = str(tmp_path / "job.yaml")
+    assert cli_main(["validate", job, "trainer.save_freq=-1"]) == 0  # a warning, not a refusal
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"{job}: warning: trainer.save_freq: -1 checkpoints only at a stop or the end")
+    assert "services.restart.max_restarts=3" in line and "loses the steps trained since its last checkpoint" in line
+    assert cli_main(["validate", job, "trainer.save_freq=0"]) == 0
+    assert "warning: trainer.save_freq: 0" in capsys.readouterr().err
+    # checkpoints every N steps (acks follow them), or no restarts at all: nothing to warn about
+    for ok in (["trainer.save_freq=5"], ["trainer.save_freq=-1", "services.restart.max_restarts=0"]):
+        assert cli_main(["validate", job, *ok]) == 0
+        assert capsys.readouterr().err == "", ok
+
+
 def test_validate_refuses_missing_model_and_corrupt_data_with_one_line_each(tmp_path, capsys):
     spec = _readable_inputs(tmp_path)
     (tmp_path / "train.parquet").write_bytes((tmp_path / "train.parquet").read_bytes()[:-40] + b"\0" * 40)
