@@ -151,6 +151,8 @@ class TrainerService:
     def run(self) -> int:
         """Train until ``trainer.total_steps`` or a stop signal; returns an exit code."""
         spec = self.spec
+        if self.metrics is not None:  # a resumed trainer serves its checkpoint's version before its first step
+            self.metrics.version.set(self.worker.version)
         self._publish(initial=True)
         self.ready = True
         if self.on_ready is not None:

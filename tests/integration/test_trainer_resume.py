@@ -135,6 +135,10 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     ready = run.ready()
     addr, weights_addr = ready.address("metrics"), ready.address("weights")
     assert (ready.service, ready.info["world_size"], ready.info["device"]) == ("trainer", 2, "cpu")
+    # before its first step it reports the version it resumed at (a supervisor compares the
+    # replicas' served versions with it: 0 here would make every replica look stale)
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as r:
+        assert "meshrl_trainer_policy_version 2.0" in r.read().decode()
     probe = Probe(weights_addr)
     probe.wait_event(lambda e: e["event"] == "welcome")
     await _put(url, "b", 2 * N_PER_STEP, N_PER_STEP, vocab)
