@@ -3,8 +3,10 @@ machine (the local launcher) or each in its own Ray actor on a Ray cluster (docs
 
 Starts the controller (embedded broker, prompt feeder, job metrics), the trainer, the
 reward workers and the rollout replicas as subprocesses, each with its own resolved config
-under ``--run-dir``; shows a progress bar; stops everything on Ctrl-C or on the first
-crashed service; leaves ``summary.json`` and plots beside the checkpoints.
+under ``--run-dir``; shows a progress bar; restarts a crashed or silent service with the
+job's ``services.restart`` policy (docs/supervision.md) and stops everything on Ctrl-C, when
+a service exhausts its budget or when the job stalls past its deadline; leaves
+``summary.json`` and plots beside the checkpoints.
 """
 
 from __future__ import annotations

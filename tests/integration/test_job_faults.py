@@ -90,6 +90,30 @@ def test_one_replica_killed_then_frozen_then_the_job_is_stopped_and_resumed(tmp_
     assert_ledger_exact(job.run_dir)
 
 
+def test_a_frozen_reward_worker_is_killed_and_restarted(tmp_path, tiny_model, arith_data):
+    """SIGSTOP the reward worker (it starts fast) for longer than
+    ``services.restart.heartbeat_timeout_s``: alive but silent counts as crashed, so the
+    supervisor kills it and starts it again; its leased rollouts are scored by the new one."""
+    job = Job(tmp_path / "run", tiny_model, arith_data, "trainer.total_steps=3",
+              "services.restart.heartbeat_timeout_s=20").start()
+    try:
+        # as soon as every service is up: the job cannot train its steps without the samples
+        # a reward worker scores from now on (later, async feeding may have scored them all)
+        job.wait_for(lambda s: s.get("state") == "running", "the job running")
+        old = job.kill("reward-0", signal.SIGSTOP)  # never continued: only the supervisor can end it
+        job.wait_back("reward-0", old)
+        assert job.finish() == 0, job.output()[-4000:]
+    finally:
+        job.stop()
+    status = job.status()
+    assert status["state"] == "succeeded", status
+    assert status["services"]["reward-0"]["restarts"] == 1, status["services"]
+    out = job.output()
+    assert "reward-0 is stuck (no heartbeat for" in out, out[-4000:]
+    assert "reward-0 exited with code -9 (no heartbeat for" in out and "reward-0 ready again" in out
+    assert_ledger_exact(job.run_dir)
+
+
 def test_a_reward_function_that_raises_or_hangs_scores_zero_and_the_job_trains(tmp_path, tiny_model, arith_data):
     fn = tmp_path / "bad_reward.py"
     fn.write_text(
