@@ -71,7 +71,11 @@ def test_a_job_the_cluster_cannot_place_fails_at_once_naming_what_is_missing(tmp
 
 
 def test_services_land_where_the_spec_asks_and_survive_losing_a_node(tmp_path, tiny_model, arith_data, cluster):
-    job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=4").start()
+    # 12 steps: the feeder admits two batches ahead of the trainer, so when the node dies
+    # (at step 1 or a little later) most of the job's prompts are not generated yet. With 4
+    # steps, a quiet machine had generated every sample before the kill and the job ended
+    # without needing the replica back (seen in CI).
+    job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=12").start()
     try:
         job.wait_step(1, timeout=900)
         placed = _placed(cluster)
