@@ -69,6 +69,23 @@ class Reader:
             raise ChannelError(f"message must be a JSON object, got {type(msg).__name__}")
         return msg
 
+    def feed(self, chunk: bytes) -> tuple[list[dict[str, Any]], ChannelError | None]:
+        """Add bytes read elsewhere (an event loop's reader callback). Returns the messages
+        now complete, in order, and the :class:`ChannelError` that stops the stream (a
+        message over the size cap, or not a JSON object), if any, after them."""
+        self._buf += chunk
+        out: list[dict[str, Any]] = []
+        try:
+            while (msg := self._take()) is not None:
+                out.append(msg)
+            if len(self._buf) >= 4:
+                (n,) = _LEN.unpack_from(self._buf)
+                if n > self.max_bytes:
+                    raise ChannelError(f"message of {n} bytes exceeds the limit of {self.max_bytes}")
+        except ChannelError as exc:
+            return out, exc
+        return out, None
+
     def read(self, deadline: float | None) -> dict[str, Any]:
         """Next message; ``deadline`` is a ``time.monotonic()`` value (None = wait forever)."""
         while True:

@@ -7,12 +7,15 @@ reward sandbox's isolation (:mod:`reward_svc.sandbox.worker`: private protocol p
 environment). Length-prefixed JSON both ways (:mod:`reward_svc.sandbox.protocol`):
 
 1. ``{"op": "init", "class_name", "config", "tool_schema", "memory_limit_mb",
-   "allow_network"}`` -> ``{"op": "ready", "pid", "network", "name", "schema"}`` or
-   ``{"op": "fatal", "error"}``;
+   "allow_network"}`` -> ``{"op": "ready", "pid", "network", "name", "schema", "hooks"}``
+   or ``{"op": "fatal", "error"}``; ``hooks`` lists which of ``create`` / ``reward`` /
+   ``release`` the class overrides (the service does not send the others);
 2. ``{"op": "create"|"execute"|"reward"|"release", "iid", "args", "kwargs"}`` -> one
-   ``{"ok": true, "result": ...}`` or ``{"ok": false, "kind", "error"}``; an ``execute``
-   or ``create`` for an instance this process does not hold answers ``kind: "lost"``
-   (its worker was replaced: the service re-creates it).
+   ``{"ok": true, "result": ...}`` or ``{"ok": false, "kind", "error"}``, in the order
+   the calls came (the service may send several before reading the answers); an
+   ``execute`` or ``reward`` for an instance this process does not hold answers
+   ``kind: "lost"`` (its worker was replaced: the service re-creates it). A class without
+   its own ``create`` holds every instance it is asked about.
 """
 
 from __future__ import annotations
@@ -63,6 +66,13 @@ def _normalise_execute(result: Any) -> dict[str, Any]:
     return {"text": result if isinstance(result, str) else str(result)}
 
 
+def overridden_hooks(cls: type) -> list[str]:
+    """Which optional lifecycle methods ``cls`` defines itself (not the base no-ops)."""
+    from rollout_svc.tools.base import Tool
+
+    return [h for h in ("create", "reward", "release") if getattr(cls, h, None) is not getattr(Tool, h)]
+
+
 def _make_tool(init: dict[str, Any]) -> Any:
     cls = load_tool_class(str(init["class_name"]))
     return cls(config=init.get("config") or {}, schema=init.get("tool_schema") or None)
@@ -72,7 +82,9 @@ def main() -> int:
     reader, fd_out, network, tool = start(_MAX_IN_BYTES, _make_tool)
     schema = tool.schema if isinstance(tool.schema, dict) else {}
     name = tool.name
-    reply(fd_out, {"op": "ready", "network": network, "name": name, "schema": schema})
+    hooks = overridden_hooks(type(tool))
+    tracked = "create" in hooks  # without a create there is no per-instance setup to lose
+    reply(fd_out, {"op": "ready", "network": network, "name": name, "schema": schema, "hooks": hooks})
     live: set[str] = set()
     while True:
         try:
@@ -86,7 +98,7 @@ def main() -> int:
                 _run(tool.create(iid, **kwargs))
                 live.add(iid)
                 out: dict[str, Any] = {"ok": True, "result": None}
-            elif op in ("execute", "reward") and iid not in live:
+            elif op in ("execute", "reward") and tracked and iid not in live:
                 out = {"ok": False, "kind": "lost", "error": f"instance {iid} is not held by this worker"}
             elif op == "execute":
                 args = msg.get("args")
@@ -95,7 +107,7 @@ def main() -> int:
                 value = _run(tool.reward(iid, **kwargs))
                 out = {"ok": True, "result": None if value is None else float(value)}
             elif op == "release":
-                if iid in live:
+                if iid in live or not tracked:
                     live.discard(iid)
                     _run(tool.release(iid, **kwargs))
                 out = {"ok": True, "result": None}
