@@ -113,6 +113,8 @@ class RolloutEngine:
 
             if current_platform.is_cpu():
                 chunked = False  # see RolloutConfig.enable_chunked_prefill
+        if c.block_size is not None:
+            extra["block_size"] = c.block_size
         if chunked is not None:
             extra["enable_chunked_prefill"] = chunked
             if not chunked:  # every prompt must fit one step
@@ -253,7 +255,10 @@ class RolloutEngine:
         self.in_flight += 1
         try:
             final = None
-            async for out in self.llm.generate({"prompt_token_ids": ids}, params, request_id=request_id):
+            # an already-rendered token input: vLLM validates it in place (a raw prompt dict
+            # would be "rendered" on its tokenizer thread pool, a thread hop per request)
+            async for out in self.llm.generate({"type": "token", "prompt_token_ids": ids}, params,
+                                               request_id=request_id):
                 final = out
         except asyncio.CancelledError:
             raise
