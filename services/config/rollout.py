@@ -89,6 +89,15 @@ class RolloutConfig(SamplingConfig):
         "('CPU Generator does not use offset')",
     )
     enable_prefix_caching: bool = Field(True, description="reuse KV of shared prompt prefixes (the n samples of a group)")
+    block_size: int | None = Field(
+        None,
+        ge=16,
+        le=1024,
+        multiple_of=16,
+        description="KV-cache block size in tokens (None = vLLM's platform default: 16 on GPU, 128 on CPU). "
+        "Prefix caching reuses whole blocks only: with agentic rollouts every turn re-sends the "
+        "context so far, and a block smaller than a turn lets the next turn reuse most of it",
+    )
     engine_startup_timeout_s: float = Field(600.0, gt=0, le=86_400, description="deadline for the engine to load")
 
     # --- replica loop ---------------------------------------------------------------------------
