@@ -87,6 +87,24 @@ class NetworkProbe(Tool):
             s.close()
 
 
+class HangsWhenAsked(Tool):
+    """Hangs on ``{"hang": true}``; otherwise answers with its process id and the instance's
+    call count (no create/reward/release of its own: those are never sent to it)."""
+
+    schema = _schema("maybe_hang")
+
+    def __init__(self, config=None, schema=None):
+        super().__init__(config, schema)
+        self.calls: dict[str, int] = {}
+
+    def execute(self, instance_id, arguments, **kw):
+        if isinstance(arguments, dict) and arguments.get("hang"):
+            while True:
+                time.sleep(1)
+        self.calls[instance_id] = self.calls.get(instance_id, 0) + 1
+        return f"{os.getpid()}:{self.calls[instance_id]}"
+
+
 class CallOnce(ToolCallParser):
     """Calls ``echo`` on every turn; pair with ``max_assistant_turns``."""
 

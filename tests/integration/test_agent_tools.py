@@ -107,6 +107,46 @@ async def test_many_concurrent_calls_nothing_hangs() -> None:
     await _with_box(spec("Echo", num_workers=3), body)
 
 
+async def test_calls_queued_behind_a_hung_call_are_answered_by_the_new_worker() -> None:
+    """Calls to one worker are pipelined: the hung call at the head times out, the worker is
+    replaced once, and the calls queued behind it are sent again and answered."""
+
+    async def body(box):
+        assert box.hooks == frozenset()  # the class overrides none of create/reward/release
+        pid = box._slots[0].proc.pid
+        hung = asyncio.ensure_future(box.call("execute", "h", args={"hang": True}))
+        await asyncio.sleep(0)  # the hanging call goes first
+        rest = [box.call("execute", f"t{i}", args={}) for i in range(8)]
+        replies = await asyncio.gather(hung, *rest)
+        assert replies[0].kind == "timeout"
+        new_pid = box._slots[0].proc.pid
+        assert box.restarts == 1 and new_pid != pid
+        assert [r.result["text"] for r in replies[1:]] == [f"{new_pid}:1"] * 8
+        # a caller that gives up while queued does not disturb the calls after it
+        queued = asyncio.ensure_future(box.call("execute", "t0", args={}))
+        await asyncio.sleep(0)
+        queued.cancel()
+        after = await box.call("execute", "t1", args={})
+        assert after.ok and after.result["text"] == f"{new_pid}:2"
+        # reward and release of a class without them are answered here, not by the worker
+        assert (await box.call("reward", "t1")).ok and (await box.release("t1")).ok
+
+    await _with_box(spec("HangsWhenAsked", timeout_s=1.0), body)
+
+
+async def test_a_class_with_lifecycle_methods_gets_them_called() -> None:
+    async def body(box):
+        assert box.hooks == {"create", "reward", "release"}
+        box.open("t", {"start": 2})
+        assert (await box.call("execute", "t", args={})).result["text"] == "echo:3"
+        assert (await box.call("reward", "t")).result == 1.5
+        assert (await box.release("t")).ok
+        box.open("t")  # released: a new instance starts from create's default
+        assert (await box.call("execute", "t", args={})).result["text"] == "echo:1"
+
+    await _with_box(spec("Echo"), body)
+
+
 async def test_bad_class_fails_at_start_with_the_reason() -> None:
     with pytest.raises(SandboxStartError, match="not a subclass"):
         await ToolSandbox(ToolSpec(class_name="tests.agent_tools.CallOnce", num_workers=1)).start()
