@@ -11,13 +11,17 @@ temperature 1, per-request seeds, ``ignore_eos`` so every request generates exac
     each its own task: three model turns of ``--turn-tokens`` tokens, with a call to the
     sandboxed calculator tool after each of the first two, whose observation is rendered
     through the chat template and appended (``max_assistant_turns: 3``). Every turn after the
-    first prefills the context so far (prefix caching on, as in a replica).
+    first sends the context so far; prefix caching (on, as in a replica) reuses its whole
+    KV blocks, so the engine runs with ``rollout.block_size`` ``--block-size`` (32; vLLM's
+    CPU default of 128 is larger than a turn's 64 tokens and turn 2 would prefill again).
 
 Both sides produce the same number of model tokens (checked). The tool is a real sandboxed
 call, but near-instant. Its summed latency is printed, and the agent side's time excludes
 it: the wall time minus the time during which every in-flight trajectory was waiting on a
 tool. The sides alternate over ``--repeats`` runs after a warm-up, ``--settle`` seconds apart,
-and the medians are compared.
+and the medians are compared. Each run also prints the CPU seconds spent by this process and
+by its children (engine core, vLLM worker, tool sandboxes), which load on a shared machine
+does not change the way it changes wall time.
 
 Last line: ``agent ratio_vs_single_turn=<agent model-tokens/s / direct> trajectories_per_s=<n>``.
 """
@@ -53,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=4, help="timed runs per side, alternating which goes first")
     p.add_argument("--settle", type=float, default=2.0, help="seconds between runs (vLLM worker spin-down)")
     p.add_argument("--tool-workers", type=int, default=2, help="sandbox workers of the calculator")
+    p.add_argument("--block-size", type=int, default=32,
+                   help="KV-cache block size (rollout.block_size; 0 = vLLM's default, 128 on CPU)")
     return p.parse_args(argv)
 
 
@@ -127,6 +133,37 @@ async def _agent(agent, prompts, tag: str, clock: ToolClock) -> tuple[int, float
     return model_tokens, wall, clock.idle_s, tool_s
 
 
+class CpuMeter:
+    """CPU seconds (user + system) spent by this process and by its child processes (vLLM's
+    engine core and worker, the tool's sandbox workers) between ``start`` and ``stop``: what a
+    side costs, whatever else the machine runs at the time."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.me = psutil.Process()
+
+    def _sample(self) -> tuple[float, float]:
+        import psutil
+
+        t = self.me.cpu_times()
+        kids = 0.0
+        for c in self.me.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                kids += ct.user + ct.system
+            except psutil.Error:
+                pass
+        return t.user + t.system, kids
+
+    def start(self) -> None:
+        self._t0 = self._sample()
+
+    def stop(self) -> str:
+        me, kids = self._sample()
+        return f"cpu: main process {me - self._t0[0]:.2f}s, child processes {kids - self._t0[1]:.2f}s"
+
+
 async def run(args, model: str) -> int:
     from rollout_svc.agent.loop import AgentLoop
     from rollout_svc.engine import RolloutEngine
@@ -135,7 +172,7 @@ async def run(args, model: str) -> int:
     t = args.turn_tokens
     cfg = RolloutConfig(
         prompt_length=32, response_length=3 * t + 128, n=1, temperature=1.0, seed=0, ignore_eos=True,
-        max_num_seqs=256, enable_prefix_caching=True,
+        max_num_seqs=256, enable_prefix_caching=True, block_size=args.block_size or None,
         multi_turn={"enable": True, "format": f"{__name__}.AlwaysCalc", "max_assistant_turns": 3,
                     "max_tokens_per_turn": t,
                     "tools": [{"class_name": "rollout_svc.tools.calculator.Calculator",
@@ -145,6 +182,7 @@ async def run(args, model: str) -> int:
     await engine.start()
     agent = await AgentLoop(engine, cfg).start()
     clock = ToolClock()
+    cpu = CpuMeter()
     try:
         prompts = _prompts(model, args.trajectories)
         await _direct(engine, prompts[:16], 3 * t, "warm-d")
@@ -154,10 +192,12 @@ async def run(args, model: str) -> int:
             order = ("direct", "agent") if r % 2 == 0 else ("agent", "direct")
             for side in order:
                 await asyncio.sleep(args.settle)
+                cpu.start()
                 if side == "direct":
                     n, secs = await _direct(engine, prompts, 3 * t, f"d{r}")
                     direct_tps.append(n / secs)
-                    print(f"run {r} direct: {n} tokens in {secs:.2f}s = {n / secs:.0f} tokens/s", flush=True)
+                    print(f"run {r} direct: {n} tokens in {secs:.2f}s = {n / secs:.0f} tokens/s; {cpu.stop()}",
+                          flush=True)
                 else:
                     n, wall, idle, tool_s = await _agent(agent, prompts, f"a{r}", clock)
                     secs = wall - idle
@@ -165,7 +205,7 @@ async def run(args, model: str) -> int:
                     traj_ps.append(len(prompts) / secs)
                     print(f"run {r} agent: {n} model tokens in {wall:.2f}s wall, {idle:.3f}s all-waiting-on-tools "
                           f"excluded -> {n / secs:.0f} tokens/s; tool calls {2 * len(prompts)}, summed tool "
-                          f"latency {tool_s:.2f}s", flush=True)
+                          f"latency {tool_s:.2f}s; {cpu.stop()}", flush=True)
         assert n == 3 * t * len(prompts)
         d, a = statistics.median(direct_tps), statistics.median(agent_tps)
         print(f"median direct single-turn: {d:.0f} tokens/s; median agent 3-turn: {a:.0f} model tokens/s")
