@@ -57,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=4, help="timed runs per side, alternating which goes first")
     p.add_argument("--settle", type=float, default=2.0, help="seconds between runs (vLLM worker spin-down)")
     p.add_argument("--tool-workers", type=int, default=2, help="sandbox workers of the calculator")
+    p.add_argument("--in-process-tool", action="store_true",
+                   help="run the calculator inside this process (ToolSpec.sandbox: false) instead of sandboxed")
     p.add_argument("--block-size", type=int, default=32,
                    help="KV-cache block size (rollout.block_size; 0 = vLLM's default, 128 on CPU)")
     return p.parse_args(argv)
@@ -176,7 +178,8 @@ async def run(args, model: str) -> int:
         multi_turn={"enable": True, "format": f"{__name__}.AlwaysCalc", "max_assistant_turns": 3,
                     "max_tokens_per_turn": t,
                     "tools": [{"class_name": "rollout_svc.tools.calculator.Calculator",
-                               "num_workers": args.tool_workers, "timeout_s": 30}]},
+                               "num_workers": args.tool_workers, "timeout_s": 30,
+                               "sandbox": not args.in_process_tool}]},
     )
     engine = RolloutEngine(cfg, model)
     await engine.start()

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rollout_svc.agent.parsers import ParsedTurn, get_parser
 from rollout_svc.agent.trajectory import COMPLETED, RUNNING, TOOL_CALLING, Trajectory
-from rollout_svc.tools.sandbox import ToolReply, ToolSandbox
+from rollout_svc.tools.sandbox import InProcessTool, ToolReply, ToolSandbox
 from services.config.rollout import RolloutConfig, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -110,13 +110,13 @@ class AgentLoop:
         self.mt = cfg.multi_turn
         self.parser = get_parser(self.mt.format)
         self.metrics = AgentMetrics(registry)
-        self.tools: dict[str, ToolSandbox] = {}
+        self.tools: dict[str, ToolSandbox | InProcessTool] = {}
         self.renderer: ObservationRenderer | None = None
         self.trajectories_in_flight = 0
 
     async def start(self) -> "AgentLoop":
         """Start every tool's sandbox (and read their names/schemas); the engine must be started."""
-        boxes = [ToolSandbox(spec) for spec in self.mt.all_tools()]
+        boxes = [ToolSandbox(spec) if spec.sandbox else InProcessTool(spec) for spec in self.mt.all_tools()]
         try:
             await asyncio.gather(*(b.start() for b in boxes))
         except BaseException:

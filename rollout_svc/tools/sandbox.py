@@ -432,3 +432,93 @@ class ToolSandbox:
                 slot.proc.kill()
                 slot.proc = None
         self._exec.shutdown(wait=False, cancel_futures=True)
+
+
+class InProcessTool:
+    """A trusted tool called inside the replica process (``ToolSpec.sandbox: false``).
+
+    Same interface as :class:`ToolSandbox`. Each call runs synchronously on the event loop:
+    no process, pipe or thread on the way, but also no isolation and no deadline, so only
+    for trusted tools that answer at once. What it raises, or a reply over
+    ``max_result_bytes``, is still an error reply.
+    """
+
+    def __init__(self, spec: ToolSpec) -> None:
+        self.spec = spec
+        self.name = ""
+        self.schema: dict[str, Any] = {}
+        self.network = "in-process"
+        self.hooks: frozenset[str] = frozenset(OPTIONAL_HOOKS)
+        self.restarts = 0
+        self._tool: Any = None
+        self._live: set[str] = set()
+        self._create_kwargs: dict[str, dict[str, Any]] = {}
+
+    async def start(self) -> "InProcessTool":
+        from rollout_svc.tools.worker import load_tool_class, overridden_hooks
+
+        try:
+            cls = load_tool_class(self.spec.class_name)
+            self._tool = cls(config=dict(self.spec.config), schema=self.spec.tool_schema or None)
+        except Exception as exc:  # noqa: BLE001 - a bad class fails the start, as in the sandbox
+            raise SandboxStartError(f"tool {self.spec.class_name} failed to load the tool class: "
+                                    f"{type(exc).__name__}: {exc}") from None
+        self.name = self._tool.name
+        self.schema = self._tool.schema if isinstance(self._tool.schema, dict) else {}
+        self.hooks = frozenset(overridden_hooks(cls))
+        return self
+
+    def open(self, iid: str, create_kwargs: dict[str, Any] | None = None) -> None:
+        self._create_kwargs.setdefault(iid, dict(create_kwargs or {}))
+
+    def _run(self, fn, *args: Any, **kwargs: Any) -> ToolReply:
+        t0 = time.perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the tool's errors are observations
+            return ToolReply(False, error=f"{type(exc).__name__}: {exc}"[:2000], kind="exception",
+                             latency_s=time.perf_counter() - t0)
+        return ToolReply(True, result=result, latency_s=time.perf_counter() - t0)
+
+    async def call(self, op: str, iid: str, *, args: Any = None, kwargs: dict[str, Any] | None = None) -> ToolReply:
+        from rollout_svc.tools.worker import _normalise_execute
+
+        if self._tool is None:
+            return ToolReply(False, error="tool is closed", kind="crash")
+        if op in OPTIONAL_HOOKS and op not in self.hooks:
+            return ToolReply(True)
+        kw = dict(kwargs or {})
+        if iid not in self._live:
+            if op == "reward":
+                return ToolReply(True)  # never created: nothing to reward
+            if "create" in self.hooks:
+                created = self._run(self._tool.create, iid, **self._create_kwargs.get(iid, {}))
+                if not created.ok:
+                    return created
+            self._live.add(iid)
+        if op == "execute":
+            rep = self._run(self._tool.execute, iid, args, **kw)
+            if rep.ok:
+                rep.result = _normalise_execute(rep.result)
+                if len(rep.result.get("text", "").encode()) > self.spec.max_result_bytes:
+                    return ToolReply(False, error=f"tool reply is larger than {self.spec.max_result_bytes} bytes",
+                                     kind="too_large", latency_s=rep.latency_s)
+            return rep
+        if op == "reward":
+            rep = self._run(self._tool.reward, iid, **kw)
+            if rep.ok and rep.result is not None:
+                rep.result = float(rep.result)
+            return rep
+        return ToolReply(False, error=f"unknown op {op!r}", kind="invalid")
+
+    async def release(self, iid: str, kwargs: dict[str, Any] | None = None) -> ToolReply:
+        self._create_kwargs.pop(iid, None)
+        if iid not in self._live:
+            return ToolReply(True)
+        self._live.discard(iid)
+        if "release" not in self.hooks or self._tool is None:
+            return ToolReply(True)
+        return self._run(self._tool.release, iid, **dict(kwargs or {}))
+
+    async def close(self) -> None:
+        self._tool = None

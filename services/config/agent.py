@@ -48,6 +48,13 @@ class ToolSpec(StrictModel):
         1_048_576, ge=1024, le=1 << 28, description="largest reply a call may send; bigger ones become an error observation"
     )
     start_timeout_s: float = Field(60.0, gt=0, le=3600, description="deadline for a worker to import the tool")
+    sandbox: bool = Field(
+        True,
+        description="run the tool in sandboxed worker processes (the default). false = call the class inside the "
+        "replica process, on its event loop: no isolation, no memory limit, no network cut, and no deadline "
+        "(a call that hangs stalls the replica); only for trusted tools that answer in microseconds, such as "
+        "the built-in calculator",
+    )
 
 
 class MultiTurnConfig(StrictModel):

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from reward_svc.sandbox.pool import SandboxStartError
-from rollout_svc.tools.sandbox import ToolSandbox
+from rollout_svc.tools.sandbox import InProcessTool, ToolSandbox
 from services.config.agent import MultiTurnConfig, ToolSpec
 
 DEADLINE = 60
@@ -145,6 +145,24 @@ async def test_a_class_with_lifecycle_methods_gets_them_called() -> None:
         assert (await box.call("execute", "t", args={})).result["text"] == "echo:1"
 
     await _with_box(spec("Echo"), body)
+
+
+async def test_a_trusted_tool_runs_in_process_only_when_the_spec_asks() -> None:
+    assert spec("Echo").sandbox is True  # the default: sandboxed workers
+    box = await InProcessTool(spec("Echo", sandbox=False)).start()
+    assert box.name == "echo" and box.hooks == {"create", "reward", "release"} and box.network == "in-process"
+    box.open("t", {"start": 4})
+    assert (await box.call("execute", "t", args={})).result == {"text": "echo:5", "metrics": {"n": 5}}
+    assert (await box.call("reward", "t")).result == 2.5
+    assert (await box.release("t")).ok and (await box.call("execute", "t", args={})).result["text"] == "echo:1"
+    raises = await InProcessTool(spec("Raises", sandbox=False)).start()
+    r = await raises.call("execute", "t", args={})
+    assert not r.ok and r.kind == "exception" and "boom from the tool" in r.error
+    huge = await InProcessTool(spec("Huge", sandbox=False, max_result_bytes=65536)).start()
+    r = await huge.call("execute", "t", args={})
+    assert not r.ok and r.kind == "too_large"
+    with pytest.raises(SandboxStartError, match="not a subclass"):
+        await InProcessTool(ToolSpec(class_name="tests.agent_tools.CallOnce", sandbox=False)).start()
 
 
 async def test_bad_class_fails_at_start_with_the_reason() -> None:
