@@ -139,3 +139,22 @@ def test_load_view_resolves_relative_model_dir(tmp_path: Path) -> None:
     v = load_view(RolloutView, f)
     assert v.model.path == str((tmp_path / "models" / "m").resolve())
     assert v.model.tokenizer_path == "Qwen/Qwen2.5-0.5B"  # not a local path: kept (a hub id)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_finite_check_finds_one_bad_element_anywhere(dtype) -> None:
+    from rollout_svc.weight_check import all_finite
+
+    big = torch.finfo(dtype).max
+    ok = torch.full((3, 1001), big, dtype=dtype)  # finite, though their sum overflows
+    ok[1] = -big
+    assert all_finite(ok) and all_finite(torch.empty(0, dtype=dtype))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for pos in ((0, 0), (1, 500), (2, 1000)):
+            t = torch.randn(3, 1001).to(dtype)
+            t[pos] = bad
+            assert not all_finite(t), (bad, pos)
+            assert not all_finite(t.t()) and not all_finite(t[:, pos[1]:pos[1] + 1])  # strided views too
+    t = torch.randn(1000).to(dtype)
+    t[10], t[20] = float("inf"), float("nan")
+    assert not all_finite(t)
