@@ -158,6 +158,18 @@ class Replica:
         out = wire.decode(bytearray(resp.frame))
         return int(out.batch["policy_version"][0])
 
+    def load_timing(self, version: int, timeout: float) -> str | None:
+        """The replica's log of where loading ``version`` spent its time (``timing k=s ...``),
+        waiting up to ``timeout`` for it (it is logged after LOADED is reported)."""
+        needle = f"now serves policy version {version} "
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in reversed(self.lines):
+                if needle in line and " timing " in line:
+                    return line.split(" timing ", 1)[1].strip()
+            time.sleep(0.05)
+        return None
+
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -349,6 +361,10 @@ def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: i
                     print(f"  {name} replicas={count} round {rnd}: e2e {e2e_s[-1]:.3f}s (publish() returned after "
                           f"{pub_s:.3f}s) tcp {tcp_s[-1]:.3f}s ({report['r'].num_buckets} buckets, peak extra "
                           f"{peaks[-1] / 2**20:.0f} MiB)", flush=True)
+                    for i, r in enumerate(replicas):
+                        t = r.load_timing(version, 10.0)
+                        if t:
+                            print(f"    replica {i} v{version}: {t}", flush=True)
                     pub.wait_for_snapshot(version, timeout=args.timeout)
             finally:
                 tcp.close()

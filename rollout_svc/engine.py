@@ -341,17 +341,29 @@ class RolloutEngine:
         async with self._update_lock:
             deadline = self.cfg.weight_update_timeout_s
             mode = "keep" if self.cfg.on_weight_update == "finish" else "abort"
+            clock = time.perf_counter()
+            timing: dict[str, float] = {}
+
+            def lap(key: str) -> None:
+                nonlocal clock
+                now = time.perf_counter()
+                timing[key] = now - clock
+                clock = now
+
             if not self.weights_dirty:  # a dirty engine is paused already
                 if mode == "abort":
                     self._abort_epoch += 1
                 self.last_update_in_flight = self.in_flight
                 await asyncio.wait_for(self.llm.pause_generation(mode=mode, clear_cache=(mode == "abort")), deadline)
+            lap("pause_s")
             try:
                 res = await load()
             except Exception as exc:  # the RPC itself failed (timeout, worker error): assume the worst
                 res = {"ok": False, "touched": True, "refused": False, "error": f"{type(exc).__name__}: {exc}"}
             if res is None:
                 res = {"ok": False, "touched": False, "refused": False, "error": None, "none": True}
+            lap("load_rpc_s")
+            res["timing"] = {**timing, **(res.get("timing") or {})}
             self.last_load = res
             if res.get("ok"):
                 self.version = res["version"] if version is None else version
@@ -378,7 +390,10 @@ class RolloutEngine:
                     if not ok:
                         self.prefix_reset_failures += 1
                         log.warning("prefix cache reset failed after loading v%s", self.version)
+                lap("reset_s")
                 await asyncio.wait_for(self.llm.resume_generation(), deadline)
+                lap("resume_s")
+                res["timing"].update(timing)
                 log.info("serving v%s (%s)", self.version, "loaded" if res.get("ok") else "load refused, unchanged")
             return res
 

@@ -43,17 +43,28 @@ class _Notes:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.addr)
         self.sock.setblocking(False)
+        self.update: tuple[int, int] | None = None
+        """``(session, version)`` of the last ``update <session> <version>`` note: a version
+        that began arriving in the worker (the caller clears it when it takes it)."""
+
+    def _read(self, data: bytes) -> None:
+        parts = data.decode(errors="replace").split()
+        if len(parts) == 3 and parts[0] == "update":
+            try:
+                self.update = (int(parts[1]), int(parts[2]))
+            except ValueError:
+                pass
 
     async def wait(self, timeout: float) -> bool:
         """True when a note arrived within ``timeout`` (all waiting notes are consumed)."""
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(loop.sock_recv(self.sock, 64), timeout)
+            self._read(await asyncio.wait_for(loop.sock_recv(self.sock, 64), timeout))
         except TimeoutError:
             return False
         while True:
             try:
-                self.sock.recv(64)
+                self._read(self.sock.recv(64))
             except BlockingIOError:
                 return True
 
@@ -68,12 +79,20 @@ def _set_session(replica: Replica, session: int):
     return on_loaded
 
 
+def format_timing(timing: dict) -> str:
+    """``key=seconds`` pairs of a load's timing report, for the log (None: not measured)."""
+    return " ".join(f"{k}={v:.3f}" for k, v in timing.items() if isinstance(v, (int, float)))
+
+
 async def _loaded(replica: Replica, res: dict) -> None:
     replica.weight_updates += 1
     replica.metrics.weight_load.observe(replica.engine.last_weight_load_s)
+    t0 = time.perf_counter()
     await replica.engine.report_loaded(replica.engine.version)
-    log.info("replica %s now serves policy version %d (%.1f MB in %.3fs)", replica.name, replica.engine.version,
-             res.get("bytes", 0) / 1e6, replica.engine.last_weight_load_s)
+    timing = dict(res.get("timing") or {}, loaded_rpc_s=time.perf_counter() - t0)
+    log.info("replica %s now serves policy version %d (%.1f MB in %.3fs) timing %s", replica.name,
+             replica.engine.version, res.get("bytes", 0) / 1e6, replica.engine.last_weight_load_s,
+             format_timing(timing))
 
 
 async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: float, target: int = -1,
@@ -133,32 +152,42 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
     session = None
     refused: set[tuple[int, int]] = set()  # versions found bad: never fetched again
     while not stop.is_set():
-        st = await engine.weight_channel_state()
-        if st.get("fatal"):
-            if st.get("fatal_kind") == "version":
-                log.error("replica %s: %s", replica.name, st["fatal"])
-            else:
-                raise ChannelLost(st["fatal"])
-        if not st["session"]:  # not welcomed yet
-            await notes.wait(poll_s)
-            continue
-        if st["session"] != session:  # first WELCOME, or a restarted publisher
-            session, needs_catch_up, target = st["session"], True, -1
-        if needs_catch_up or engine.weights_dirty:
-            await catch_up_from_snapshot(replica, session, timeout, target, refused=refused)
-            needs_catch_up, target = False, -1
-            if engine.weights_dirty and st.get("pending_version") is None:
-                await notes.wait(poll_s)  # nothing complete to load yet: wait for the next version
+        hint, notes.update = notes.update, None
+        if (hint is not None and hint[0] == session and not needs_catch_up and not engine.weights_dirty
+                and replica.supersedes(hint[1], hint[0])):
+            # The worker's note named a newer version of this publisher: load it right away,
+            # without first asking the worker's state (one RPC less on every update; the
+            # worker says so if another version is pending by then).
+            vsession, version = hint
+        else:
+            st = await engine.weight_channel_state()
+            if st.get("fatal"):
+                if st.get("fatal_kind") == "version":
+                    log.error("replica %s: %s", replica.name, st["fatal"])
+                else:
+                    raise ChannelLost(st["fatal"])
+            if not st["session"]:  # not welcomed yet
+                await notes.wait(poll_s)
                 continue
-        version, vsession = st.get("pending_version"), st.get("pending_session")
-        if version is None:
-            await notes.wait(poll_s)
-            continue
-        if not replica.supersedes(version, vsession) and not engine.weights_dirty:
-            await engine.skip_channel_update(version)  # receive it, keep serving
-            continue
+            if st["session"] != session:  # first WELCOME, or a restarted publisher
+                session, needs_catch_up, target = st["session"], True, -1
+            if needs_catch_up or engine.weights_dirty:
+                await catch_up_from_snapshot(replica, session, timeout, target, refused=refused)
+                needs_catch_up, target = False, -1
+                if engine.weights_dirty and st.get("pending_version") is None:
+                    await notes.wait(poll_s)  # nothing complete to load yet: wait for the next version
+                    continue
+            version, vsession = st.get("pending_version"), st.get("pending_session")
+            if version is None:
+                await notes.wait(poll_s)
+                continue
+            if not replica.supersedes(version, vsession) and not engine.weights_dirty:
+                await engine.skip_channel_update(version)  # receive it, keep serving
+                continue
         rollback = replica.other_line(vsession) or engine.weights_dirty
         res = await engine.load_from_channel(version, rollback=rollback, on_loaded=_set_session(replica, vsession))
+        if res.get("not_pending"):
+            continue  # the note was stale (a newer version began, or it was taken): ask the worker
         if res.get("ok"):
             await _loaded(replica, res)
         elif res.get("refused"):

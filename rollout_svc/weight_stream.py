@@ -110,11 +110,21 @@ def load_into_worker(worker: Any, named_tensors, check: VersionCheck) -> dict[st
     t0 = time.perf_counter()
     yielded = 0
     finished = False
+    waited = checked = 0.0
 
     def stream():
-        nonlocal yielded, finished
-        for item in named_tensors:
+        nonlocal yielded, finished, waited, checked
+        it = iter(named_tensors)
+        while True:
+            t1 = time.perf_counter()
+            try:
+                item = next(it)  # blocks while the next bucket is still on the wire
+            except StopIteration:
+                break
+            t2 = time.perf_counter()
             name, t = check.check(item)
+            waited += t2 - t1
+            checked += time.perf_counter() - t2
             yielded += 1
             yield name, t
         check.finish()
@@ -132,9 +142,16 @@ def load_into_worker(worker: Any, named_tensors, check: VersionCheck) -> dict[st
             _restore_layers(worker)
     else:
         result.update(ok=True, tensors=len(check.seen), bytes=check.nbytes)
+    t3 = time.perf_counter()
     model = worker.model_runner.get_model()
     result["refreshed_kernels"] = refresh_embedding_kernels(model)
-    result["seconds"] = time.perf_counter() - t0
+    t4 = time.perf_counter()
+    result["seconds"] = t4 - t0
+    # where the load's time went (diagnostics: logged by the replica, printed by the bench):
+    # waiting for buckets, checking tensors, vLLM's reload (weight loaders, per-layer
+    # kernel processing), rebuilding the LM-head kernel
+    result["timing"] = {"wait_s": waited, "check_s": checked, "reload_s": (t3 - t0) - waited - checked,
+                        "refresh_s": t4 - t3}
     return result
 
 
@@ -180,6 +197,10 @@ class WorkerWeightStream:
                                  serve_dtype=serve_dtype if serve_dtype in ("float32", "bfloat16", "float16") else "")
 
     def _notify(self, kind: str) -> None:
+        if kind == "update":  # carry the version, so the main process can start loading at once
+            peek = self.rx.peek_update()
+            if peek is not None:
+                kind = f"update {peek[0]} {peek[1]}"
         if self._sock is not None:
             try:
                 self._sock.sendto(kind.encode(), self._notify_addr)
@@ -227,18 +248,36 @@ class WorkerWeightStream:
         }
 
     def _take(self, version: int):
-        u, self._pending = self._pending, None
+        """The pending update if it is ``version`` (taken), else None (a pending update of
+        another version stays pending)."""
+        if self.rx.peek_update() is not None:  # a version the main process has not asked about
+            self._pending = self.rx.wait_for_update(0)  # (does not raise: one is there)
+        u = self._pending
         if u is None or u.version != version:
             return None
+        self._pending = None
         return u
 
     def load(self, version: int) -> dict[str, Any]:
-        """Stream the pending ``version`` into the model (the scheduler is paused)."""
+        """Stream the pending ``version`` into the model (the scheduler is paused).
+
+        The main process may call this straight from the worker's note that ``version``
+        began, without asking ``state()`` first; when another version (or none) is pending
+        by then, the report says ``not_pending`` and nothing was touched."""
         u = self._take(version)
         if u is None:
-            return {"ok": False, "touched": False, "refused": False, "error": f"v{version} is not pending here"}
+            p = self._pending
+            return {"ok": False, "touched": False, "refused": False, "not_pending": True,
+                    "pending_version": None if p is None else p.version,
+                    "error": f"v{version} is not pending here"}
         check = VersionCheck(self.manifest)
+        start = time.monotonic()
         result = load_into_worker(self.worker, u.tensors(), check)
+        end = time.monotonic()
+        # since BEGIN arrived here: when the load started, and how long it ran on after the
+        # last bucket had arrived
+        result["timing"].update(begin_to_load_s=start - u.began_at,
+                                after_received_s=None if u.received_at is None else end - u.received_at)
         if not result["ok"] and result["refused"]:
             u.drain()  # let the rest arrive, so the transfer does not fail for the other replicas
         return result

@@ -69,6 +69,10 @@ class Update:
         self._release = release
         self._consumed = False
         self.error: str | None = None
+        self.began_at = time.monotonic()
+        """When BEGIN arrived (``time.monotonic()`` of the receiving process)."""
+        self.received_at: float | None = None
+        """When END arrived: every bucket received (None before)."""
 
     def buckets(self) -> Iterator[Bucket]:
         """Yield the received buckets in order (each with its ``buffer``)."""
@@ -257,6 +261,13 @@ class WeightReceiver:
                 self._cond.wait(left)
             update, self._pending = self._pending, None
             return update
+
+    def peek_update(self) -> tuple[int, int] | None:
+        """``(session, version)`` of the update ``wait_for_update`` would hand out now, without
+        taking it (None when there is none)."""
+        with self._cond:
+            u = self._pending
+        return None if u is None else (u.session, u.version)
 
     def report_loaded(self, version: int) -> None:
         """Tell the publisher this replica now serves ``version`` of its session.
@@ -554,6 +565,7 @@ class WeightReceiver:
                             f"{e.tensor_bytes} bytes, received {self._next_bucket} / {self._totals[0]} / "
                             f"{self._totals[1]}")
         self._current = None
+        u.received_at = time.monotonic()
         self.received_version = u.version
         self._ack(pb.ACK_STATUS_RECEIVED, u.epoch, u.version)  # before the consumer can finish and close
         u._put(_END)

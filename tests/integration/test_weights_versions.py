@@ -187,3 +187,27 @@ def test_status_rpc_and_metrics():
     finally:
         rx.close()
         pub.close()
+
+
+def test_update_note_names_the_version_before_it_is_taken():
+    """The "update" event fires once the version is pending: ``peek_update()`` names it
+    (session, version) without taking it -- the rollout worker puts that in its note so the
+    replica starts loading without asking first -- and it is gone once taken."""
+    pub = WeightPublisher(cfg()).start()
+    seen: list = []
+    holder: dict = {}
+    rx = WeightReceiver(cfg(), "r0", address=pub.control_address,
+                        on_event=lambda kind: seen.append((kind, holder["rx"].peek_update())))
+    holder["rx"] = rx
+    try:
+        rx.connect()
+        assert pub.wait_for_replicas(1, timeout=10)
+        assert rx.peek_update() is None
+        report, update, got, err = publish_and_take(pub, rx, 4, iter(named(4)))
+        assert report.error is None and err is None
+        assert ("update", (rx.session, 4)) in seen and rx.session == pub.session
+        assert rx.peek_update() is None  # taken
+        assert update.received_at is not None and update.began_at <= update.received_at
+    finally:
+        rx.close()
+        pub.close()
