@@ -320,7 +320,7 @@ class WorkerWeightStream:
         return result
 
     def loaded(self, version: int) -> None:
-        self.rx.report_loaded(version)
+        self.rx.report_loaded(version, wait=False)  # the engine core waits for this RPC: don't wait for gRPC
 
     def close(self) -> None:
         self._pending = None

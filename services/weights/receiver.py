@@ -181,6 +181,8 @@ class WeightReceiver:
         self._inflight: collections.deque = collections.deque()  # (Bucket, PendingBroadcast | None)
         self._pool: list[torch.Tensor] = []  # reuse_buffers: free bucket memory
         self._pool_lock = threading.Lock()
+        self._acks: queue.Queue = queue.Queue()  # report_loaded(wait=False): LOADED acks to send
+        self._ack_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def connect(self, timeout: float | None = None) -> "WeightReceiver":
@@ -205,6 +207,9 @@ class WeightReceiver:
         if self._group is not None:
             self._group.abort("receiver closed")
         self._msgs.put(_STOP)
+        if self._ack_thread is not None:
+            self._acks.put(_STOP)
+            self._ack_thread.join(timeout=5.0)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5.0)
@@ -269,16 +274,34 @@ class WeightReceiver:
             u = self._pending
         return None if u is None else (u.session, u.version)
 
-    def report_loaded(self, version: int) -> None:
+    def report_loaded(self, version: int, wait: bool = True) -> None:
         """Tell the publisher this replica now serves ``version`` of its session.
 
         Within one session versions never go backwards; a version of a new session may be
-        lower than one served from an earlier session (a trainer resumed from a checkpoint)."""
+        lower than one served from an earlier session (a trainer resumed from a checkpoint).
+        The check is done here; with ``wait=False`` the ``Ack`` RPC is sent by a background
+        thread (in order, one at a time), so the caller -- the vLLM worker, which the engine
+        waits for -- does not wait for the publisher's answer."""
         same_line = self._served_session in (0, self._session)
         if version < self._served and same_line:
             raise VersionError(f"report_loaded({version}) after already serving v{self._served}")
         self._served, self._served_session = version, self._session
-        self._ack(pb.ACK_STATUS_LOADED, 0, version)
+        if wait:
+            self._ack(pb.ACK_STATUS_LOADED, 0, version)
+            return
+        with self._pool_lock:
+            if self._ack_thread is None:
+                self._ack_thread = threading.Thread(target=self._ack_loop, name=f"weights-ack-{self.replica_id}",
+                                                    daemon=True)
+                self._ack_thread.start()
+        self._acks.put(version)
+
+    def _ack_loop(self) -> None:
+        while True:
+            version = self._acks.get()
+            if version is _STOP:
+                return
+            self._ack(pb.ACK_STATUS_LOADED, 0, version)
 
     def publisher_status(self, timeout: float | None = None) -> pb.StatusReply:
         """The publisher's ``Status`` (latest and snapshot versions, replicas); ``TransferError``

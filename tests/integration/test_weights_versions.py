@@ -208,6 +208,14 @@ def test_update_note_names_the_version_before_it_is_taken():
         assert ("update", (rx.session, 4)) in seen and rx.session == pub.session
         assert rx.peek_update() is None  # taken
         assert update.received_at is not None and update.began_at <= update.received_at
+        # LOADED sent in the background: checked now, delivered in order
+        rx.report_loaded(4, wait=False)
+        with pytest.raises(VersionError):
+            rx.report_loaded(3, wait=False)
+        assert pub.wait_for_replicas(1, timeout=10, served_version=4)
+        report, update, got, err = publish_and_take(pub, rx, 6, iter(named(6)))
+        rx.report_loaded(6, wait=False)
+        assert pub.wait_for_replicas(1, timeout=10, served_version=6)
     finally:
         rx.close()
         pub.close()
