@@ -14,6 +14,14 @@ each round measures, in the same run:
   receiver processes over loopback TCP (one sender thread per receiver, concurrently),
   each receiving into a reused buffer and acknowledging.
 
+After each round, every replica's own account of the update is printed (from its log):
+``begin_to_load_s`` (BEGIN arrived in the worker -> the load started: the note, the
+scheduler's pause, the load RPC), inside the load ``wait_s`` (blocked on the next bucket),
+``check_s`` (names/shapes/finite values), ``reload_s`` (vLLM's weight loaders and per-layer
+kernel processing), ``refresh_s`` (the CPU LM-head kernel), ``after_received_s`` (how long
+the load ran on after the last bucket arrived), and around it ``pause_s``, ``load_rpc_s``,
+``reset_s``, ``resume_s``, ``loaded_rpc_s``.
+
 The first round (cold memory) is dropped and the median of the others counts. One line per
 size, then ``weights_e2e ratio_vs_tcp=<R> seconds_per_gb=<S> peak_extra_mb=<M>``: R = tcp
 seconds / e2e seconds at the largest size with the most replicas; S = e2e seconds per GiB
