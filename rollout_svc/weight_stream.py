@@ -72,9 +72,9 @@ class _ExpectedReloadGaps(logging.Filter):
 
     LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
-    def __init__(self, tied_embeddings: bool) -> None:
+    def __init__(self, tied_embeddings: bool, also: frozenset[str] = frozenset()) -> None:
         super().__init__()
-        self.expected = {"RotaryEmbedding"} | ({"ParallelLMHead"} if tied_embeddings else set())
+        self.expected = {"RotaryEmbedding"} | ({"ParallelLMHead"} if tied_embeddings else set()) | set(also)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == "%s: Failed to load weights" and record.args and record.args[0] in self.expected:
@@ -82,21 +82,78 @@ class _ExpectedReloadGaps(logging.Filter):
         return True
 
 
-@contextlib.contextmanager
-def expected_reload_gaps(worker: Any) -> Iterator[None]:
-    """While a ``reload_weights`` runs in ``worker``: silence the warnings of
-    :class:`_ExpectedReloadGaps`."""
+def _tied(worker: Any) -> bool:
     try:
-        tied = bool(getattr(worker.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
+        return bool(getattr(worker.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
     except AttributeError:
-        tied = False
-    gaps = _ExpectedReloadGaps(tied)
+        return False
+
+
+class _SkippedOnPurpose(logging.Filter):
+    """Drops vLLM's "weights were not loaded" summary when it names only parameters loaded
+    outside the reload (``direct_embeddings``)."""
+
+    LOGGER = "vllm.model_executor.model_loader.reload.inplace"
+
+    def __init__(self, names: frozenset[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (self.names and record.msg == "Following weights were not loaded from checkpoint: %s" and record.args
+                and isinstance(record.args[0], (set, frozenset)) and record.args[0] <= self.names):
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def expected_reload_gaps(worker: Any, also: frozenset[str] = frozenset(),
+                         skipped_names: frozenset[str] = frozenset()) -> Iterator[None]:
+    """While a ``reload_weights`` runs in ``worker``: silence the warnings of
+    :class:`_ExpectedReloadGaps` (and of the layer classes ``also`` and the parameters
+    ``skipped_names``, loaded outside the reload)."""
+    gaps = _ExpectedReloadGaps(_tied(worker), also)
     logger = logging.getLogger(_ExpectedReloadGaps.LOGGER)
     logger.addFilter(gaps)
+    skipped = _SkippedOnPurpose(skipped_names)
+    summary = logging.getLogger(_SkippedOnPurpose.LOGGER)
+    summary.addFilter(skipped)
     try:
         yield
     finally:
         logger.removeFilter(gaps)
+        summary.removeFilter(skipped)
+
+
+def direct_embeddings(worker: Any) -> dict[str, tuple[str, str]]:
+    """Checkpoint name -> (module path, class name) of the unquantized embedding matrices
+    (``embed_tokens``; an untied ``lm_head``) whose checkpoint name is their module path.
+
+    These are copied straight into their live parameter after ``reload_weights``, instead of
+    through it: vLLM's in-place reload would materialise a fresh copy of the (largest) layer,
+    copy the weight in, build the layer's CPU LM-head kernel and copy it all back -- and on
+    CPU that kernel must be rebuilt from the live weight afterwards anyway
+    (``refresh_embedding_kernels``). Their weight loaders only copy (and pad the vocabulary)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    model = worker.model_runner.get_model()
+    tied = _tied(worker)
+    out = {}
+    for path, module in model.named_modules():
+        if not isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+            continue
+        w = getattr(module, "weight", None)
+        if w is None or w.numel() == 0 or (tied and path.split(".")[-1] == "lm_head"):
+            continue  # a tied LM head is the embedding: its checkpoint tensor is skipped by vLLM
+        out[f"{path}.weight"] = (path, type(module).__name__)
+    return out
+
+
+def _copy_into_embedding(model: Any, path: str, t) -> None:
+    from vllm.model_executor.model_loader.reload.layerwise import _get_original_loader
+
+    param = model.get_submodule(path).weight
+    _get_original_loader(param)(param, t)
 
 
 def load_into_worker(worker: Any, named_tensors, check: VersionCheck) -> dict[str, Any]:
@@ -111,6 +168,8 @@ def load_into_worker(worker: Any, named_tensors, check: VersionCheck) -> dict[st
     yielded = 0
     finished = False
     waited = checked = 0.0
+    direct = direct_embeddings(worker)
+    held: list[tuple[str, Any]] = []  # (module path, tensor): copied in once the reload is done
 
     def stream():
         nonlocal yielded, finished, waited, checked
@@ -125,25 +184,35 @@ def load_into_worker(worker: Any, named_tensors, check: VersionCheck) -> dict[st
             name, t = check.check(item)
             waited += t2 - t1
             checked += time.perf_counter() - t2
+            if name in direct:
+                held.append((direct[name][0], t))
+                continue
             yielded += 1
             yield name, t
         check.finish()
         finished = True
 
     result: dict[str, Any] = {"ok": False, "tensors": 0, "bytes": 0, "touched": False, "error": None, "refused": False}
+    model = worker.model_runner.get_model()
     try:
-        with expected_reload_gaps(worker):
+        with expected_reload_gaps(worker, frozenset(c for _, c in direct.values()), frozenset(direct)):
             worker.reload_weights(weights_iterator=stream())
     except Exception as e:  # noqa: BLE001 -- reported to the main process, which decides
         result["error"] = f"{type(e).__name__}: {e}"
         result["refused"] = isinstance(e, WeightUpdateError)
-        result["touched"] = yielded > 0
+        result["touched"] = yielded > 0  # (held embeddings never reached the model)
         if not finished:
             _restore_layers(worker)
     else:
-        result.update(ok=True, tensors=len(check.seen), bytes=check.nbytes)
+        try:
+            for path, t in held:  # the version is complete and checked: the embeddings go in now
+                _copy_into_embedding(model, path, t)
+        except Exception as e:  # noqa: BLE001
+            result.update(error=f"{type(e).__name__}: {e}", touched=True)
+        else:
+            result.update(ok=True, tensors=len(check.seen), bytes=check.nbytes)
+    held.clear()
     t3 = time.perf_counter()
-    model = worker.model_runner.get_model()
     result["refreshed_kernels"] = refresh_embedding_kernels(model)
     t4 = time.perf_counter()
     result["seconds"] = t4 - t0
