@@ -136,11 +136,21 @@ class ServiceActor:
             self.log_path = log
             with open(log, "ab") as out:
                 self.offset = out.tell()
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", module, "--config", str(view), "--id", self.name],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=dict(os.environ, PYTHONUNBUFFERED="1", **env), start_new_session=True,
-                )  # fmt: skip
+                with _at_niceness(node_niceness()) as nice:
+                    if nice.denied is not None:
+                        out.write(f"meshrl: this service runs at niceness {nice.denied}, its Ray worker's, not at its "
+                                  f"node's {nice.target} (raising a process's priority is not permitted here); start "
+                                  "the node with RAY_worker_niceness=0 in the environment of `ray start` to give the "
+                                  "services their share of the CPU\n".encode())
+                        out.flush()
+                    # its own process group (stopped and guarded as one), but the node's session: on a
+                    # kernel that shares the CPU between sessions first (autogroup) the service competes
+                    # as a process started on the node by hand would, not as a session of its own
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-m", module, "--config", str(view), "--id", self.name],
+                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        env=dict(os.environ, PYTHONUNBUFFERED="1", **env), process_group=0,
+                    )  # fmt: skip
             # the guard: kills the service's process group once this actor's worker is gone
             # (it detaches itself: a worker that exits kills its own children, and the guard must
             # outlive this worker to do its job)
@@ -191,6 +201,41 @@ class ServiceActor:
 
     def tail(self, lines: int = 25) -> str:
         return log_tail(self.log_path, lines) if self.log_path is not None else "(not started)"
+
+
+def node_niceness() -> int | None:
+    """The niceness of this node's raylet: what a process started on the node by hand runs
+    at. Ray starts its workers at ``worker_niceness`` (15 by default: they yield to Ray's own
+    daemons); a service is the node's workload, not background work, and runs at this one."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, int(os.environ["RAY_RAYLET_PID"]))
+    except (KeyError, ValueError, OSError):
+        return None
+
+
+class _at_niceness:
+    """Run the block with this thread at niceness ``target`` (Linux keeps a niceness per
+    thread, and a process started from the thread inherits it), then go back. Lowering the
+    niceness needs privilege: without it the block runs unchanged and ``denied`` is the
+    niceness it keeps."""
+
+    def __init__(self, target: int | None) -> None:
+        self.target, self.before, self.denied = target, None, None
+
+    def __enter__(self) -> "_at_niceness":
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        if self.target is None or self.target == mine:
+            return self
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, self.target)
+            self.before = mine
+        except PermissionError:
+            self.denied = mine
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before is not None:
+            os.setpriority(os.PRIO_PROCESS, 0, self.before)  # back to a higher niceness: always permitted
 
 
 def _kill_group(pgid: int) -> None:
