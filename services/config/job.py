@@ -126,6 +126,13 @@ class DataConfig(StrictModel):
 # Resources: the only place processes, devices, ports and threads are set
 
 
+_LABEL_VALUE = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?"
+_LABEL = re.compile(_LABEL_VALUE)
+_LABEL_PREFIX = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+# Ray's label selector: a value, or in(...) of values, either negated with a leading '!'
+_SELECTOR = re.compile(rf"!?(?:{_LABEL_VALUE}|in\({_LABEL_VALUE}(?:, ?{_LABEL_VALUE})*\))")
+
+
 class RayRequest(StrictModel):
     """What one service asks Ray for (``services.<trainer|rollout|reward>.ray``); read only
     by the Ray launcher (``services.launcher: ray``, docs/ray.md)."""
@@ -140,6 +147,27 @@ class RayRequest(StrictModel):
         description="custom Ray resources each instance needs (e.g. {rollout: 1}): the service lands only on nodes "
         "started with them (`ray start --resources`)",
     )
+
+    labels: dict[str, str] = Field(
+        default_factory=dict, max_length=64,
+        description="node labels each instance's node must have, as Ray label selectors (e.g. {pool: rollout}, "
+        "{zone: 'in(a, b)'}, {market: '!spot'}): the service lands only on nodes started with matching "
+        "`ray start --labels` (Ray >= 2.49)",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _selectors(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, selector in v.items():
+            name = key.rsplit("/", 1)[-1]
+            prefix = key[: -len(name) - 1] if "/" in key else ""
+            if not _LABEL.fullmatch(name) or (prefix and not _LABEL_PREFIX.fullmatch(prefix)):
+                raise ValueError(f"label {key!r}: not a label key (letters, digits, '-', '_', '.', at most 63, "
+                                 "optionally after a DNS prefix and '/')")
+            if not isinstance(selector, str) or not _SELECTOR.fullmatch(selector):
+                raise ValueError(f"label {key!r}: {selector!r} is not a label selector: a value, '!value', "
+                                 "'in(a, b)' or '!in(a, b)'")
+        return v
 
     @field_validator("resources")
     @classmethod

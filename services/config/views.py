@@ -312,7 +312,7 @@ CONTROLLER_ONLY: dict[str, str] = {
     **{f"services.ray.{k}": "the Ray cluster and the job's placement group, used by the Ray launcher only"
        for k in ("address", "strategy", "placement_timeout_s", "namespace")},
     **{f"services.{svc}.ray.{k}": "the resource request of the service's Ray actor, made by the Ray launcher"
-       for svc in ("trainer", "rollout", "reward") for k in ("num_cpus", "resources")},
+       for svc in ("trainer", "rollout", "reward") for k in ("num_cpus", "resources", "labels")},
 }
 
 

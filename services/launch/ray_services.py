@@ -89,6 +89,15 @@ def request_of(spec: Any, name: str) -> dict[str, float]:
     return {k: v for k, v in bundle.items() if v > 0}
 
 
+def labels_of(spec: Any, name: str) -> dict[str, str]:
+    """The node label selector of service instance ``name`` (``services.<svc>.ray.labels``)."""
+    return dict(getattr(spec.services, service_kind(name)).ray.labels)
+
+
+def _fmt_labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(labels.items())) + "}"
+
+
 def _fmt(resources: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
 
@@ -284,6 +293,7 @@ class RayPlacement:
         self.cfg = spec.services.ray
         self.names = list(names)
         self.bundles = [request_of(spec, n) for n in self.names]
+        self.selectors = [labels_of(spec, n) for n in self.names]
         self.index = {n: i for i, n in enumerate(self.names)}
         self.pg: Any = None
         self.ray: Any = None
@@ -339,7 +349,14 @@ class RayPlacement:
 
         ray = self.ray
         self.check_host()
-        self.pg = placement_group(self.bundles, strategy=self.cfg.strategy, name=f"meshrl-{self.tag}")
+        labels = {"bundle_label_selector": self.selectors} if any(self.selectors) else {}
+        try:
+            self.pg = placement_group(self.bundles, strategy=self.cfg.strategy, name=f"meshrl-{self.tag}", **labels)
+        except TypeError:  # a Ray without label selectors for placement group bundles
+            raise ServiceFailed(f"services.<trainer|rollout|reward>.ray.labels: this Ray ({ray.__version__}) cannot "
+                                "place by node labels; use ray.resources, or Ray >= 2.49") from None
+        except ValueError as exc:  # Ray's own check of the selectors
+            raise ServiceFailed(f"services.<trainer|rollout|reward>.ray.labels: Ray refuses them: {exc}") from None
         ref = self.pg.ready()
         deadline = time.monotonic() + self.cfg.placement_timeout_s
         while True:
@@ -350,9 +367,11 @@ class RayPlacement:
             if should_stop():
                 raise ServiceFailed("stopped while waiting for the job's placement group")
             if time.monotonic() > deadline:
-                asked = "; ".join(f"{n} {_fmt(b)}" for n, b in zip(self.names, self.bundles))
+                asked = "; ".join(f"{n} {_fmt(b)}" + (f" on labels {_fmt_labels(sel)}" if sel else "")
+                                  for n, b, sel in zip(self.names, self.bundles, self.selectors))
                 have = "; ".join(
                     f"{n['NodeManagerAddress']} {_fmt({k: v for k, v in n['Resources'].items() if '_group_' not in k and not k.startswith('node:')})}"  # noqa: E501
+                    + (f" labels {_fmt_labels(own)}" if (own := _own_labels(n)) and any(self.selectors) else "")
                     for n in ray.nodes() if n.get("Alive"))  # fmt: skip
                 raise ServiceFailed(
                     f"the Ray cluster could not place this job within services.ray.placement_timeout_s="
@@ -573,6 +592,11 @@ class RayServiceProcess:
 
     def _where(self) -> str:
         return f"node {self.node['ip']} ({self.node['node_id'][:12]})" if self.node else "an unplaced Ray actor"
+
+
+def _own_labels(node: dict[str, Any]) -> dict[str, str]:
+    """A node's labels as ``ray.nodes()`` lists them, without the ones Ray sets (``ray.io/...``)."""
+    return {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
 
 
 def _first_line(exc: BaseException) -> str:

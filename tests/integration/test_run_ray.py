@@ -1,12 +1,14 @@
 """``meshrl run --launcher ray`` on a real multi-node Ray cluster on this machine: a head
-(no CPUs) and three worker nodes, each with its own custom resource. A real job (embedded
-broker in the driver, a vLLM replica, a reward worker, an FSDP2 trainer rank) places each
-service in its own actor on the node its spec asks for -- checked through Ray's state API --
+(no CPUs) and three worker nodes, each with its own custom resource, the trainer's node also
+with a node label. A real job (embedded broker in the driver, a vLLM replica, a reward
+worker, an FSDP2 trainer rank) places each service in its own actor on the node its spec asks
+for -- by custom resource, the trainer by node label; checked through Ray's state API --
 then loses the replica's node (its raylet SIGKILLed) mid-job: the replica comes back on the
 other node with the resource and the job completes with nothing lost or trained twice."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -27,7 +29,7 @@ def cluster():
     try:
         nodes.start_head()
         nodes.add_worker(2, {"rollout": 1, "reward": 1})
-        nodes.add_worker(2, {"trainer": 1})
+        nodes.add_worker(2, {"trainer": 1}, labels={"meshrl-pool": "train"})
         nodes.add_worker(2, {"rollout": 1, "reward": 1})
         yield nodes
     finally:
@@ -58,7 +60,8 @@ def _placed(cluster: RayNodes) -> dict[str, dict]:
 
 def test_a_job_the_cluster_cannot_place_fails_at_once_naming_what_is_missing(tmp_path, tiny_model, arith_data, cluster):
     job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=1",
-                   "services.ray.placement_timeout_s=5", "services.trainer.ray.resources={trainer: 1, tpu: 1}").start()
+                   "services.ray.placement_timeout_s=5", "services.trainer.ray.resources={trainer: 1, tpu: 1}",
+                   "services.reward.ray.labels={meshrl-pool: nowhere}").start()
     try:
         assert job.finish(timeout=120) == 1, job.output()[-4000:]
     finally:
@@ -66,6 +69,8 @@ def test_a_job_the_cluster_cannot_place_fails_at_once_naming_what_is_missing(tmp
     out = job.output()
     assert "could not place this job within services.ray.placement_timeout_s=5" in out, out[-3000:]
     assert "trainer {CPU: 1, tpu: 1, trainer: 1}" in out, out[-3000:]
+    assert "reward-0 {CPU: 1, reward: 1} on labels {meshrl-pool: nowhere}" in out, out[-3000:]
+    assert "trainer: 1} labels {meshrl-pool: train}" in out, out[-3000:]  # what the nodes have, labels too
     assert job.status()["state"] == "failed"
     assert not (job.run_dir / "logs" / "trainer.log").exists()  # nothing started: all or nothing
 
@@ -75,7 +80,9 @@ def test_services_land_where_the_spec_asks_and_survive_losing_a_node(tmp_path, t
     # (at step 1 or a little later) most of the job's prompts are not generated yet. With 4
     # steps, a quiet machine had generated every sample before the kill and the job ended
     # without needing the replica back (seen in CI).
-    job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=12").start()
+    # the trainer asks for no custom resource, only the node label: only the label puts it on its node
+    job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=12",
+                   "services.trainer.ray.resources={}", "services.trainer.ray.labels={meshrl-pool: train}").start()
     try:
         job.wait_step(1, timeout=900)
         placed = _placed(cluster)
@@ -83,9 +90,17 @@ def test_services_land_where_the_spec_asks_and_survive_losing_a_node(tmp_path, t
         nodes = {n["node_id"]: n["resources_total"] for n in cluster.nodes()}
         for service, want in (("trainer", "trainer"), ("rollout-0", "rollout"), ("reward-0", "reward")):
             assert want in nodes[placed[service]["node_id"]], (service, nodes[placed[service]["node_id"]])
+        labelled = next(w for w in cluster.workers if "trainer" in w.resources)
+        assert placed["trainer"]["node_id"] == labelled.node_id, placed["trainer"]
         status = job.status()
         assert status["launcher"] == "ray" and status["services"]["rollout-0"]["node"]["node_id"] == \
             placed["rollout-0"]["node_id"], status  # fmt: skip
+        # each service runs as its node would run it: at the node's priority (not Ray's worker
+        # niceness, 15) and in the node's session, in a process group of its own
+        for service in ("trainer", "rollout-0", "reward-0"):
+            pid, node = status["services"][service]["pid"], cluster.node_of(placed[service]["node_id"])
+            assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, node.proc.pid), service
+            assert os.getsid(pid) == os.getsid(node.proc.pid) and os.getpgid(pid) == pid, service
 
         lost = cluster.node_of(placed["rollout-0"]["node_id"])
         others = [w for w in cluster.workers if w is not lost and "rollout" in w.resources]
