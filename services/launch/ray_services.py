@@ -244,7 +244,10 @@ class _at_niceness:
 
     def __exit__(self, *exc: object) -> None:
         if self.before is not None:
-            os.setpriority(os.PRIO_PROCESS, 0, self.before)  # back to a higher niceness: always permitted
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, self.before)  # back up: always permitted; back down may not be
+            except PermissionError:
+                pass
 
 
 def _kill_group(pgid: int) -> None:
