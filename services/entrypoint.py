@@ -1,7 +1,7 @@
 """The one command-line shape of meshrl's services, parsed before anything heavy is imported.
 
-    python -m trainer_svc | rollout_svc | reward_svc --config VIEW.yaml [--id ID] [--log-level L] [a.b=c ...]
-    python -m services.launch.feeder_process --config feeder.yaml ...
+    python -m trainer_svc | rollout_svc | reward_svc | feeder_svc --config VIEW.yaml [--id ID] [--log-level L] [a.b=c ...]
+    python -m feeder_svc --config feeder.yaml [--state FILE] ...
 
 ``--config`` is the service's view (``meshrl views JOB.yaml --out DIR`` writes them;
 ``meshrl run`` writes them under ``<run_dir>/config/``). ``a.b=c`` overrides -- keys of the

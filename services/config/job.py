@@ -237,7 +237,7 @@ class RewardResources(StrictModel):
 
 
 class FeederResources(StrictModel):
-    """The prompt feeder's HTTP port (``meshrl run`` feeds from its controller instead)."""
+    """The prompt feeder's HTTP port (``feeder_svc``, one per job)."""
 
     metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics port; 0 picks a free one")
 

@@ -209,7 +209,7 @@ class RewardView(StrictModel):
 
 
 class FeederView(StrictModel):
-    """Everything the prompt feeder reads (in ``meshrl run``'s controller or on its own)."""
+    """Everything the prompt feeder (``feeder_svc``) reads."""
 
     service: Literal["feeder"] = Field("feeder", description="which service this view drives")
     name: str = Field(min_length=1, description="job name: the prefix of every prompt uid")
@@ -222,10 +222,14 @@ class FeederView(StrictModel):
     trainer_metrics_url: str | None = Field(
         None, description="the trainer's /metrics (finished samples are counted from it); null when its port is 0"
     )
+    trainer_metrics_file: str | None = Field(
+        None, description="the file the trainer appends a line to per committed step (trainer.metrics_file); with "
+        "async.mode=sync the feeder watches it so the next batch goes out as soon as a step ends",
+    )
     rollout_metrics_urls: list[str] = Field(
         default_factory=list, max_length=4096,
-        description="standalone feeder with async.mode=sync: every replica's /metrics (a batch goes out once all "
-        "serve the trainer's version); `meshrl run` reads its replicas itself",
+        description="with async.mode=sync: every replica's /metrics (a batch goes out once all serve the trainer's "
+        "version); `meshrl run` fills it in",
     )
 
     @property
@@ -308,7 +312,7 @@ CONTROLLER_ONLY: dict[str, str] = {
     "services.reward.replicas": "how many reward processes the launcher starts",
     **{f"services.restart.{k}": "supervision of the services by the launcher (services/launch/supervision.py)"
        for k in ("max_restarts", "backoff_s", "backoff_max_s", "heartbeat_timeout_s", "stall_warn_s", "stall_timeout_s")},
-    "services.launcher": "which launcher starts the services (services/launch/ray_services.py for ray)",
+    "services.launcher": "which launcher starts the services (services/launch/ray_placement.py for ray)",
     **{f"services.ray.{k}": "the Ray cluster and the job's placement group, used by the Ray launcher only"
        for k in ("address", "strategy", "placement_timeout_s", "namespace")},
     **{f"services.{svc}.ray.{k}": "the resource request of the service's Ray actor, made by the Ray launcher"

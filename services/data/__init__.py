@@ -7,4 +7,6 @@
                   layouts -> verl rows (`meshrl make-dataset gsm8k|math --from FILE`)
     prompts.py    PromptDataset: chat template, tokenisation, over-long filtering/truncation
                   (verl's RLHFDataset semantics)
+    prompt_items.py  the `prompts` stream's item layout, prompt uids, the data's order per epoch
+    feed_position.py the feeder's position file (`feeder.json`): read, write, the uids fed
 """

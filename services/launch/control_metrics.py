@@ -1,17 +1,10 @@
-"""Prometheus metrics of a job's control plane: the prompt feeder, the queue depths and
-the embedded broker's sample ledger.
+"""Prometheus metrics of a job's controller (``meshrl run``, which hosts the embedded
+broker; its ``/metrics`` URL is in ``status.json`` as ``metrics_url``): the queue depths and
+the embedded broker's sample ledger. The feeder's own counters (``meshrl_feeder_*``) are on
+the feeder's ``/metrics`` (``feeder_svc.metrics``).
 
-Served from the job controller (`meshrl run`, which hosts the feeder and the embedded
-broker; its ``/metrics`` URL is in ``status.json`` as ``metrics_url``) and from the
-standalone feeder (``python -m services.launch.feeder_process``, port 9104 in the
-deployment files), under the same names, so the Grafana dashboard and the alerts read
-either:
-
-    meshrl_feeder_prompts_total                 counter  prompts put on the prompts stream
-    meshrl_feeder_in_flight_prompts             gauge    fed and not yet finished (admission bound)
-    meshrl_feeder_max_in_flight_prompts         gauge    the admission bound itself
     meshrl_queue_depth_items{stream}            gauge    unacknowledged items per stream
-    meshrl_queue_<what>_total{stream,group}     counter  delivery counters of the feeder's queues
+    meshrl_queue_<what>_total{stream,group}     counter  delivery counters of the controller's queues
     meshrl_ledger_samples{stage}                gauge    samples whose latest ledger stage is `stage`
                                                          (embedded broker only; the ledger keeps the
                                                          newest `queues.ledger_max` samples)
@@ -22,7 +15,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Gauge
 
 from services.queues.stats import QueueMetrics
 
@@ -36,11 +29,6 @@ class ControlMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         self.queues = QueueMetrics(r)  # pass to make_queue: depth() sets meshrl_queue_depth_items{stream}
-        self.prompts_fed = Counter("meshrl_feeder_prompts", "Prompts put on the prompts stream", registry=r)
-        self.in_flight = Gauge("meshrl_feeder_in_flight_prompts", "Prompts fed and not yet finished", registry=r)
-        self.max_in_flight = Gauge(
-            "meshrl_feeder_max_in_flight_prompts", "Admission bound: prompts in flight at most", registry=r
-        )
         self.ledger = Gauge(
             "meshrl_ledger_samples", "Samples whose latest ledger stage is `stage` (embedded broker)", ["stage"],
             registry=r,
@@ -48,13 +36,6 @@ class ControlMetrics:
         self._ledger_counts: dict[str, int] = {}
         for stage in LEDGER_STAGES:
             self.ledger.labels(stage=stage).set(0)
-
-    def fed(self, put: int, fed_total: int, finished: int, bound: int) -> None:
-        """After a feeder top-up: ``put`` new prompts, ``fed_total`` so far, ``finished`` done."""
-        if put > 0:
-            self.prompts_fed.inc(put)
-        self.in_flight.set(max(0, fed_total - finished))
-        self.max_in_flight.set(bound)
 
     def set_ledger(self, stages: Iterable[str]) -> None:
         """Count the ledger's stages (call from the thread that owns the ledger)."""

@@ -9,16 +9,14 @@ processes started here are ever signalled.
 
 from __future__ import annotations
 
-import http.client
 import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.metrics.scrape import http_get  # noqa: F401 - re-exported for the launchers
 from services.net import terminate_then_kill
 from services.readiness import NotReady, Ready, wait_for_ready_in_log
 
@@ -33,20 +31,6 @@ def log_tail(path: Path, lines: int = 25) -> str:
     except FileNotFoundError:
         return "(no log)"
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    """GET ``url``; returns (status, body). Connection errors give status 0."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback only)
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, exc.read()
-        except (OSError, http.client.HTTPException):  # the body timed out (a loaded machine): the status is the answer
-            return exc.code, b""
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
-        return 0, b""
 
 
 @dataclass

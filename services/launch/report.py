@@ -11,24 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.launch.procs import http_get
-
-
-def scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
-    """Sum of every sample of each metric at ``url`` (Prometheus text format); {} if unreachable."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, body = http_get(url, timeout=timeout)
-    if status != 200:
-        return {}
-    out: dict[str, float] = {}
-    try:
-        for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):
-            for s in fam.samples:
-                out[s.name] = out.get(s.name, 0.0) + float(s.value)
-    except ValueError:
-        return {}
-    return out
+from services.metrics.scrape import scrape  # noqa: F401 - re-exported for the launchers
 
 
 class History:

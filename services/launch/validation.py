@@ -87,7 +87,7 @@ class ValidationRunner:
         return r
 
     async def _put(self, r: Round, chunk: int = 16) -> None:
-        from services.launch.feeder import prompt_item
+        from services.data.prompt_items import prompt_item
 
         try:
             for lo in range(0, len(self.dataset), chunk):

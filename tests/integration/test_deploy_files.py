@@ -28,7 +28,7 @@ K8S = ROOT / "deploy" / "k8s"
 PROM = ROOT / "deploy" / "prometheus"
 GRAFANA = ROOT / "deploy" / "grafana"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-CODE_DIRS = ("services", "rollout_svc", "reward_svc", "trainer_svc")
+CODE_DIRS = ("services", "rollout_svc", "reward_svc", "trainer_svc", "feeder_svc")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -227,7 +227,7 @@ def _python_invocations() -> list[tuple[str, list[str]]]:
 def test_every_command_and_flag_exists():
     inv = _python_invocations()
     modules = {m for m, _ in inv if not m.startswith("meshrl ")}
-    assert {"trainer_svc", "rollout_svc", "reward_svc", "services.launch.feeder_process"} <= modules
+    assert {"trainer_svc", "rollout_svc", "reward_svc", "feeder_svc"} <= modules
     helps: dict[str, str] = {}
     for target, flags in inv:
         if target not in helps:

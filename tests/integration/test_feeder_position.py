@@ -7,7 +7,9 @@ import json
 import pytest
 
 from services.config.queues import EmbeddedQueueConfig
-from services.launch.feeder import PromptFeeder
+from feeder_svc.admission import room
+from feeder_svc.feeder import PromptFeeder
+from services.data.feed_position import fed_uids_of
 from services.queues import make_queue
 
 
@@ -32,19 +34,20 @@ async def test_a_restarted_feeder_feeds_the_prompts_not_fed_yet_in_order(tmp_pat
     cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=5.0)
     state = tmp_path / "feeder.json"
     put_q = make_queue(cfg, stream="prompts", group="controller", consumer="feeder")
-    feeder = PromptFeeder(Rows(), put_q, n=2, max_in_flight=4, seed=3, job="j", state_path=state)
-    assert await feeder.top_up(finished=0) == 4
+    feeder = PromptFeeder(Rows(), put_q, n=2, seed=3, job="j", state_path=state)
+    assert await feeder.put(room(limit=4, fed=feeder.state.fed, finished=0)) == 4
     assert json.loads(state.read_text())["state"]["fed"] == 4
     first = feeder.fed_uids()
     await put_q.close()
     # a new feeder (a resumed job) on the same state file continues after those 4
     put_q = make_queue(cfg, stream="prompts", group="controller", consumer="feeder-2")
-    again = PromptFeeder(Rows(), put_q, n=2, max_in_flight=4, seed=3, job="j", state_path=state)
+    again = PromptFeeder(Rows(), put_q, n=2, seed=3, job="j", state_path=state)
     assert again.state.fed == 4
-    assert await again.top_up(finished=0) == 0  # admission: 4 still in flight
-    assert await again.top_up(finished=4) == 4
+    assert room(limit=4, fed=again.state.fed, finished=0) == 0  # admission: 4 still in flight
+    assert await again.put(room(limit=4, fed=again.state.fed, finished=4)) == 4
     assert again.fed_uids()[:4] == first
-    order = PromptFeeder(Rows(), put_q, n=2, max_in_flight=100, seed=3, job="j")._order
+    assert fed_uids_of(state) == again.fed_uids()  # the controller's audit names them from the file alone
+    order = PromptFeeder(Rows(), put_q, n=2, seed=3, job="j")._order
     assert again.fed_uids() == [f"j-e0-p{i}" for i in order[:8]]
     get_q = make_queue(cfg, stream="prompts", group="rollout", consumer="r")
     assert await _uids(get_q, 100) == again.fed_uids()  # each prompt once, in order
@@ -57,4 +60,4 @@ def test_a_feeder_state_of_other_data_is_refused(tmp_path):
     state.write_text(json.dumps({"data": {"prompts": 3, "shuffle": True, "seed": 0, "job": "j"},
                                  "state": {"epoch": 0, "cursor": 1, "fed": 1}}))
     with pytest.raises(ValueError, match="belongs to other data"):
-        PromptFeeder(Rows(), None, n=2, max_in_flight=4, job="j", state_path=state)
+        PromptFeeder(Rows(), None, n=2, job="j", state_path=state)

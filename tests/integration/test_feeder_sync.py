@@ -29,24 +29,59 @@ def test_sync_mode_requires_on_policy_staleness():
     assert parse_job(base, ["async.mode=sync", "async.max_staleness=0"]).async_.mode == "sync"
 
 
+def _view(tmp_path, trainer_url: str, replica_urls: list[str], address: str, **async_):
+    from services.config.views import FeederView
+
+    return FeederView.model_validate({
+        "name": "s", "model": {"path": str(tmp_path)}, "data": {"train_files": ["x"], "train_batch_size": 4},
+        "rollout": {"n": 2}, "async": async_, "queues": {"type": "embedded", "address": address},
+        "trainer_metrics_url": trainer_url, "rollout_metrics_urls": replica_urls,
+    })  # fmt: skip
+
+
 @pytest.mark.timeout(60)
-async def test_sync_feeder_waits_for_the_batch_and_the_replicas(broker):
-    from services.config.queues import EmbeddedQueueConfig
-    from services.launch.feeder import PromptFeeder
+async def test_sync_feeder_waits_for_the_batch_and_the_replicas(tmp_path, broker):
+    """The one feeding loop, against real HTTP servers standing in for the trainer's and a
+    replica's /metrics: a batch goes out only when the last is trained and the replica serves
+    the trainer's version; async mode ignores the replicas."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from feeder_svc.feeder import PromptFeeder
+    from feeder_svc.loop import FeedLoop
+    from feeder_svc.metrics import FeederMetrics
+    from services.metrics.server import MetricsServer
     from services.queues import make_queue
 
-    q = make_queue(EmbeddedQueueConfig(address=broker.address), stream="prompts", group="rollout", consumer="c")
+    treg, rreg = CollectorRegistry(), CollectorRegistry()
+    samples = Gauge("meshrl_trainer_samples_total", "stand-in", registry=treg)
+    version = Gauge("meshrl_trainer_policy_version", "stand-in", registry=treg)
+    served = Gauge("meshrl_rollout_served_version", "stand-in", registry=rreg)
+    trainer, replica = MetricsServer(treg).start(), MetricsServer(rreg).start()
+    turl, rurl = (f"http://127.0.0.1:{s.port}/metrics" for s in (trainer, replica))
+    q = make_queue(_view(tmp_path, turl, [rurl], broker.address).queues, stream="prompts", group="rollout",
+                   consumer="c")
     try:
-        feeder = PromptFeeder(_rows(20), q, n=2, max_in_flight=4, shuffle=False, sync=True)
-        assert await feeder.top_up(0, replicas_current=True) == 4  # the first batch
-        assert await feeder.top_up(3, replicas_current=True) == 0  # one prompt of it still in flight
-        assert await feeder.top_up(4, replicas_current=False) == 0  # trained, replicas not on the new version
-        assert await feeder.top_up(4, replicas_current=True) == 4  # now the next batch
+        view = _view(tmp_path, turl, [rurl], broker.address, mode="sync", max_staleness=0)
+        loop = FeedLoop(view, PromptFeeder(_rows(20), q, n=2, shuffle=False), FeederMetrics(), [])
+        assert await loop.round() == 4  # the first batch
+        samples.set(3 * 2)  # one prompt of it still in flight
+        assert await loop.round() == 0
+        samples.set(4 * 2)
+        version.set(1)  # trained; the replica still serves version 0
+        assert await loop.round() == 0
+        served.set(1)
+        assert await loop.round() == 4  # now the next batch
+        assert loop.status()["in_flight"] == 4 and loop.status()["prompts_fed"] == 8
         assert await q.depth() == 8
-        asyncio_feeder = PromptFeeder(_rows(20), q, n=2, max_in_flight=8, shuffle=False, sync=False)
-        assert await asyncio_feeder.top_up(0, replicas_current=False) == 8  # async ignores the replicas
+        view = _view(tmp_path, turl, [rurl], broker.address, max_staleness=1)
+        samples.set(0)
+        served.set(0)
+        async_loop = FeedLoop(view, PromptFeeder(_rows(20), q, n=2, shuffle=False), FeederMetrics(), [])
+        assert await async_loop.round() == 8  # (max_staleness + 1) x 4, whatever the replicas serve
     finally:
         await q.close()
+        trainer.stop()
+        replica.stop()
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""The standalone prompt feeder (`python -m services.launch.feeder_process`, used by docker-compose and
-Kubernetes) on a private Redis: it fills the prompts stream up to its admission bound and
+"""The prompt feeder service (`python -m feeder_svc`, as `meshrl run`, docker-compose and
+Kubernetes run it) on a private Redis: it fills the prompts stream up to its admission bound and
 feeds more only as the trainer's /metrics (a real HTTP server standing in for the trainer)
 reports finished samples."""
 
@@ -54,7 +54,7 @@ def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
     assert cli_main(["views", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "views"),
                      f"services.trainer.metrics_port={trainer.port}"]) == 0
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.launch.feeder_process", "--config", str(tmp_path / "views" / "feeder.yaml"),
+        [sys.executable, "-m", "feeder_svc", "--config", str(tmp_path / "views" / "feeder.yaml"),
          "--poll", "0.1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -69,6 +69,8 @@ def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
             assert _fed(port) == 8
             time.sleep(0.2)
         assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200
+        status = httpx.get(f"http://127.0.0.1:{port}/status", timeout=5).json()
+        assert (status["prompts_fed"], status["in_flight"], status["max_in_flight"]) == (8, 8, 8)
         samples.inc(2 * 3)  # 3 prompts' groups (n=2) trained
         wait_until(lambda: _fed(port) == 11, timeout=30, what="3 more prompts")
     finally:

@@ -27,7 +27,7 @@ Only *where a service process runs* changes:
 
 A service process must not outlive its actor (a node's raylet dying kills the actor's
 worker, not the processes it started): each service runs in a process group of its own,
-watched by a small guard process (``python -m services.launch.ray_services guard``) that
+watched by a small guard process (``python -m services.launch.ray_placement guard``) that
 kills the group when the actor's worker is gone.
 
 Only plain strings, numbers, lists and dicts cross Ray calls; every wait has a deadline.
@@ -163,7 +163,7 @@ class ServiceActor:
             # the guard: kills the service's process group once this actor's worker is gone
             # (it detaches itself: a worker that exits kills its own children, and the guard must
             # outlive this worker to do its job)
-            self.guard = subprocess.Popen([sys.executable, "-m", "services.launch.ray_services", "guard",
+            self.guard = subprocess.Popen([sys.executable, "-m", "services.launch.ray_placement", "guard",
                                            str(self.proc.pid), str(os.getpid())], stdin=subprocess.DEVNULL,
                                           start_new_session=True)  # fmt: skip
             return {"pid": self.proc.pid}
@@ -610,5 +610,5 @@ def _first_line(exc: BaseException) -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "guard":
         os._exit(guard_main(int(sys.argv[2]), int(sys.argv[3])))
-    print("usage: python -m services.launch.ray_services guard PGID WORKER_PID", file=sys.stderr)
+    print("usage: python -m services.launch.ray_placement guard PGID WORKER_PID", file=sys.stderr)
     sys.exit(2)
