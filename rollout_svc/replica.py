@@ -5,7 +5,8 @@
 
 1. lease up to ``rollout.max_groups_in_flight`` prompt items (one DataProto per prompt,
    docs/contracts.md "Items on the three streams");
-2. generate ``n`` samples for each row (``meta_info["n"]``, default ``rollout.n``; greedy
+2. generate ``n`` samples for each row (``meta_info["n"]``, the one source of the group
+   size: the feeder writes ``rollout.n``, a validation round ``val_kwargs.n``; sampling with
    ``val_kwargs`` when ``meta_info["validate"]``), all groups concurrently in one vLLM
    engine (continuous batching);
 3. put one packed DataProto per group into ``rollouts`` (layout: :mod:`rollout_svc.packing`),
@@ -141,10 +142,10 @@ class Replica:
         meta = data.meta_info or {}
         validate = bool(meta.get("validate", False))
         sampling = self.cfg.sampling_for(validate)
-        n = meta.get("n", sampling.n)
+        n = meta.get("n")  # the item says how many samples: rollout.n from the feeder, val_kwargs.n in validation
         err = ""
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= int(n) <= 4096:
-            err, n = f"meta_info n={n!r} is not an integer in [1, 4096]", 1
+            err, n = f"meta_info n={n!r} is not an integer in [1, 4096] (the samples to draw for the prompt)", 1
         n = int(n)
         uid = _column_value(nt.get("uid"), i)
         if uid is None:

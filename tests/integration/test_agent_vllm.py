@@ -79,7 +79,7 @@ def _item(prompt: list[int], uid: str, extra: dict | None = None):
                      "data_source": np.array(["meshrl/arith"], dtype=object),
                      "reward_model": np.array([{"style": "rule", "ground_truth": "19"}], dtype=object),
                      "extra_info": ex},
-        meta_info={"validate": False, "epoch": 0},
+        meta_info={"validate": False, "epoch": 0, "n": 2},  # the rig's rollout.n, as the feeder writes it
     )
 
 

@@ -47,15 +47,15 @@ def rig(tiny_model: str):
 
 
 def _item(rows: list, *, uid: str = "g", n: int | None = None, validate: bool = False):
+    """A prompts item as the feeder writes it (``n``: rollout.n, 4 in the rig; a validation
+    round's items carry val_kwargs.n, 1 here)."""
     from services.protocol import DataProto
 
     b = len(rows)
     ids = np.empty(b, dtype=object)
     for i, r in enumerate(rows):
         ids[i] = r
-    meta = {"validate": validate, "epoch": 0}
-    if n is not None:
-        meta["n"] = n
+    meta = {"validate": validate, "epoch": 0, "n": n if n is not None else (1 if validate else 4)}
     return DataProto.from_dict(
         non_tensors={
             "raw_prompt_ids": ids,
@@ -155,6 +155,10 @@ def test_bad_prompts_are_reported_not_fatal(rig, tiny_model: str) -> None:
     bad_n.meta_info["n"] = "four"
     [o] = el.run(replica.generate_item(bad_n))
     assert "n='four'" in o.non_tensor_batch["error"][0]
+    no_n = _item([good], uid="non")
+    del no_n.meta_info["n"]
+    [o] = el.run(replica.generate_item(no_n))
+    assert "n=None" in o.non_tensor_batch["error"][0]  # no default from the replica's own config
     no_col = _item([good], uid="nocol")
     no_col.non_tensor_batch.pop("raw_prompt_ids")
     [o] = el.run(replica.generate_item(no_col))
