@@ -65,8 +65,7 @@ class ServiceMeter:
         self.ready = False  # the service answered /ready once (the stall clock waits for every service)
 
     def read(self, url: str) -> bool:
-        from services.launch.procs import http_get
-        from services.launch.report import scrape
+        from services.metrics.scrape import http_get, scrape
 
         if not self.ready:
             self.ready = http_get(url.rsplit("/", 1)[0] + "/ready", timeout=2.0)[0] == 200
@@ -149,8 +148,9 @@ class Worker:
         and a service whose ``/health`` stays silent is killed and restarted (see the module
         doc). Returns the service's last exit code."""
         from services import auth
-        from services.launch.procs import http_get, log_tail
+        from services.launch.procs import log_tail
         from services.launch.supervision import Supervisor
+        from services.metrics.scrape import http_get
         from services.readiness import scan_log_for_ready
 
         self._done.add(str(run_dir))
