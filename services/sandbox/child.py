@@ -117,9 +117,10 @@ def harden(memory_limit_mb: int, allow_network: bool) -> str:
 
 def start(max_in_bytes: int, setup: Callable[[dict[str, Any]], T]) -> tuple[Reader, int, str, T]:
     """A sandbox worker's start: take the protocol pipes, read the ``init`` message, apply
-    the limits (:func:`harden`) and run ``setup(init)`` -- the user code's import. Returns ``(reader, fd_out, network mode, setup's value)``; the
-    caller sends its own ``ready``. Exits the process: 0 when the service closed the pipe
-    before ``init``, 1 after replying ``{"op": "fatal", "error"}`` when setup raised."""
+    the limits (:func:`harden`) and run ``setup(init)`` -- the user code's import. Returns
+    ``(reader, fd_out, network mode, setup's value)``; the caller sends its own ``ready``.
+    Exits the process: 0 when the service closed the pipe before ``init``, 1 after
+    replying ``{"op": "fatal", "error"}`` when setup raised."""
     fd_in, fd_out = take_protocol_fds()
     reader = Reader(fd_in, max_in_bytes)
     try:
