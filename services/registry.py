@@ -21,7 +21,7 @@ sides:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 
 class NameRegistry:
@@ -46,9 +46,6 @@ class NameRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self.names()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self.names()))
 
 
 #: ``algorithm.adv_estimator`` (``trainer_svc.core_algos.ADV_ESTIMATOR_REGISTRY``).
