@@ -65,7 +65,10 @@ def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
 
 
 def _resolve(target: str, modules: dict[str, Path]) -> str | None:
-    """The scanned module ``target`` names, or its longest scanned prefix (None: external)."""
+    """The scanned module ``target`` names, or its longest scanned prefix (None: external
+    or generated)."""
+    if _within(target, GENERATED):
+        return None
     while target:
         if target in modules:
             return target
