@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from services.weights.publisher import PublishReport
+from services.weights.report import PublishReport
 
 
 class PublisherMetrics:
@@ -22,7 +19,7 @@ class PublisherMetrics:
         self.served_version = Gauge("meshrl_weights_replica_served_version", "policy version a replica serves",
                                     ["replica"], registry=registry)
 
-    def published(self, r: "PublishReport") -> None:
+    def published(self, r: PublishReport) -> None:
         self.version.set(r.version)
         self.bytes.inc(r.tensor_bytes)
         self.seconds.set(r.seconds)
