@@ -28,7 +28,8 @@ def require_token(request: Request, creds: Annotated[HTTPAuthorizationCredential
         )  # fmt: skip
 
 
-def job_manager(request: Request) -> JobManager:
+async def job_manager(request: Request) -> JobManager:
+    """The app's job manager (async: FastAPI calls it on the event loop, no worker thread)."""
     return request.app.state.manager
 
 
