@@ -15,7 +15,8 @@ Two sources share one interface (``next_batch`` / ``commit`` / ``state``):
   checkpoint holds that step (:meth:`QueueIntake.acks_due`), so a hard kill never loses a
   trained step nor trains an item twice: on restart, held items the checkpoint already
   covers are acked without training, the rest are trained again from the checkpoint.
-  Ledger stage ``trained``; dropped samples are recorded as ``dropped``. An item all of
+  Ledger stage ``trained`` as soon as the step commits (its ack may wait for the checkpoint);
+  dropped samples are recorded as ``dropped``. An item all of
   whose samples were dropped is acked at once (there is nothing to train).
 - :class:`SyntheticIntake` makes deterministic batches from the step number (smoke runs,
   benchmarks, resume tests): the data cursor is the step.
@@ -299,6 +300,9 @@ class QueueIntake:
                 self._held.append((item, stage))
                 self._held_ids.update(str(s) for s in item.sample_ids)
             self._held_dropped.extend(pending.dropped_ids)
+            # the ledger says so now, not at the checkpoint: the feeder's admission counts a
+            # prompt finished from its samples' stages (feeder_svc/in_flight.py)
+            await self.queue.record_stage([str(s) for item in pending.items for s in item.sample_ids], stage)
         elif pending.items:
             await self.queue.ack(pending.items, stage=stage)
         if pending.dropped_ids:  # after the ack, which marks every row of its items

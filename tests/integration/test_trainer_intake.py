@@ -174,6 +174,8 @@ async def test_deferred_acks_wait_for_the_checkpoint_and_a_restart_trains_nothin
     first = await intake.next_batch(0, timeout=10)
     await intake.commit(first)
     assert await consumer.depth() == 3  # trained, held until a checkpoint covers it
+    # ... but the ledger says trained at once (the feeder counts the prompt finished)
+    assert await consumer.stages(["g0/0", "g0/1"]) == {"g0/0": "trained", "g0/1": "trained"}
     checkpoint = intake.state()  # what the checkpoint of step 1 records ...
     second = await intake.next_batch(0, timeout=10)
     await intake.commit(second)  # ... step 2 is trained after it, then the trainer dies
