@@ -237,9 +237,8 @@ class JobController:
         self.board.prompts_fed = self.ledger.prompts_fed = fed
 
     def _check_stall(self) -> None:
-        fed = self.board.prompts_fed or 0
-        in_flight = fed - int(self.ledger.finished_prompts() or 0)
-        why = stall_reason(self.board.queues, in_flight=in_flight, max_in_flight=self.max_in_flight,
+        why = stall_reason(self.board.queues, in_flight=self.board.in_flight_prompts or 0,
+                           max_in_flight=self.max_in_flight,
                            restarting=list(self.mesh.restarting), down=self.mesh.silent)
         stall = self.sup.stall(time.monotonic(), why)
         board = self.board
@@ -262,6 +261,8 @@ class JobController:
         for name, got in zip(urls, scrapes):
             self.ledger.observe(name, got, incarnation=self.sup.restarts().get(name, 0))
             self._scrapes[name] = got
+        if "meshrl_feeder_in_flight_prompts" in self._scrapes.get("feeder", {}):  # as the queue's ledger says
+            self.board.in_flight_prompts = int(self._scrapes["feeder"]["meshrl_feeder_in_flight_prompts"])
         current = self._scrapes.get("trainer", {}).get("meshrl_trainer_policy_version")
         served = {n: s.get("meshrl_rollout_served_version") for n, s in self._scrapes.items() if n.startswith("rollout")}
         self.sup.versions(current, served, self.spec.async_.max_staleness, time.monotonic())
