@@ -47,9 +47,9 @@ def test_services_killed_again_and_again_and_the_whole_job_killed_during_a_train
     publishes a version (a replica has begun loading it), as soon as it is back (the
     replicas are catching up from its snapshot), and once with rollout-1 killed while it
     restarts; then the whole job (its process group) while the trainer restarts, resumed
-    with the same command. The replica never killed follows every restarted trainer from
-    its first publish, the feeder never has more than its limit in flight (replayed from
-    the broker's file), and the ledger is exact."""
+    with the same command. The replica never killed follows every restarted trainer (no
+    weight group fails to form, no version-lag restart), the feeder never has more than its
+    limit in flight (replayed from the broker's file), and the ledger is exact."""
     job = Job(tmp_path / "run", tiny_model, arith_data, "services.rollout.replicas=2", "trainer.total_steps=14",
               "weights.transfer_timeout_s=10", "services.restart.max_restarts=6",
               "services.restart.backoff_max_s=2").start()
@@ -96,12 +96,13 @@ def test_services_killed_again_and_again_and_the_whole_job_killed_during_a_train
     assert "rollout-0 exited" not in out and "rollout-0 is stuck" not in out, out[-4000:]
     assert "forming the gloo group" not in job.log("trainer")
     assert "Broken pipe" not in job.log("rollout-0")
-    # each restarted trainer's first published version reached rollout-0 by that publish
+    # rollout-0 loaded each restarted trainer's first trained version (from the channel, or
+    # a later one from its snapshot when it published before rollout-0 had subscribed again)
     served = served_versions(replica_log)
     restarts = first_versions_after_restarts(trainer_log)
     assert len(restarts) >= 3, trainer_log[-3000:]
     for resumed_at, version in restarts:
-        assert any(t >= resumed_at and v == version for t, v in served), (resumed_at, version, served)
+        assert any(t >= resumed_at and v >= version for t, v in served), (resumed_at, version, served)
     assert "resuming: " in out and "still in flight (from the queue's ledger)" in job.log("feeder")
     trace = admission_trace(job.run_dir, n=4)
     assert trace and max(trace) <= LIMIT, trace
