@@ -32,7 +32,7 @@ import torch
 
 from reward_svc.decode import Decoder, final_turn_spans, response_lengths, valid_id_lists
 from reward_svc.sandbox.pool import CallResult, SandboxPool, validate_result
-from reward_svc.scorers import BUILTIN_SCORERS
+from reward_svc.scorers import find_scorer
 from services.config.reward import RewardConfig
 
 _PROTECTED = {
@@ -117,7 +117,7 @@ class RewardManager:
     def _score_builtin(self, sources: list[str], texts: list[str], truths: list[Any]) -> list[CallResult]:
         out = []
         for src, text, truth in zip(sources, texts, truths, strict=True):
-            scorer = BUILTIN_SCORERS.get(src)
+            scorer = find_scorer(src)
             if scorer is None:
                 out.append(CallResult(0.0, error=f"no built-in reward function for data_source={src!r}", kind="exception"))
                 continue

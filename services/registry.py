@@ -64,8 +64,17 @@ POLICY_LOSSES = NameRegistry("policy loss", (
 #: The ``data_source`` values a built-in scorer handles (``reward_svc.scorers.BUILTIN_SCORERS``).
 SCORERS = NameRegistry("data source with a built-in scorer", (
     "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "arith", "countdown", "gsm8k", "lighteval/MATH",
-    "math", "meshrl/arith", "meshrl/countdown", "meshrl/gsm8k", "meshrl/math", "openai/gsm8k",
+    "math", "math_verify", "meshrl/arith", "meshrl/countdown", "meshrl/gsm8k", "meshrl/math", "openai/gsm8k",
 ))
+
+#: Scorer families: every ``data_source`` named ``<family><anything>`` has the family's
+#: built-in scorer (``reward_svc.scorers.SCORER_FAMILIES``), e.g. ``reasoning_gym/chain_sum``.
+SCORER_FAMILIES = ("math_verify/", "reasoning_gym/")
+
+
+def scorer_family(data_source: str) -> str | None:
+    """The :data:`SCORER_FAMILIES` prefix ``data_source`` falls under (with a name after it)."""
+    return next((f for f in SCORER_FAMILIES if data_source.startswith(f) and len(data_source) > len(f)), None)
 
 #: ``rollout.multi_turn.format`` without a dot (``rollout_svc.agent.parsers.BUILTIN_PARSERS``).
 TOOL_PARSERS = NameRegistry("tool-call parser", ("hermes", "openai"))

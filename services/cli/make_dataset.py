@@ -1,11 +1,14 @@
 """``meshrl make-dataset TASK OUT``: write a dataset in verl's parquet format.
 
-Built-in synthetic tasks (``arith``, ``countdown``) are generated; ``gsm8k`` and ``math``
-convert a local file in the usual public layout (``--from``: parquet, JSON lines, JSON or
-a ``datasets`` save_to_disk directory; nothing is downloaded)::
+Built-in synthetic tasks (``arith``, ``countdown``) and reasoning-gym tasks
+(``reasoning-gym:<task>[,<task>...]``, scored by each task's own verifier) are generated;
+``gsm8k`` and ``math`` convert a local file in the usual public layout (``--from``: parquet,
+JSON lines, JSON or a ``datasets`` save_to_disk directory; nothing is downloaded)::
 
     meshrl make-dataset gsm8k data/gsm8k --from gsm8k/train.jsonl            # -> data/gsm8k/train.parquet
     meshrl make-dataset math data/math --from math/test.parquet --split test  # -> data/math/test.parquet
+    meshrl make-dataset reasoning-gym:chain_sum,leg_counting data/rg --size 2000 --seed 0 \
+        --config chain_sum.max_terms=2                                        # -> data/rg/{train,test}.parquet
 """
 
 from __future__ import annotations
@@ -16,22 +19,31 @@ CONVERTED = ("gsm8k", "math")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task", choices=["arith", "countdown", *CONVERTED],
-                   help="built-in task (arith, countdown) or layout to convert (gsm8k: question/answer with "
-                        "'#### N'; math: problem/solution with \\boxed{})")
+    p.add_argument("task", type=_task_name, metavar="TASK",
+                   help="built-in task (arith, countdown), reasoning-gym:<task>[,<task>...], or layout to convert "
+                        "(gsm8k: question/answer with '#### N'; math: problem/solution with \\boxed{})")
     p.add_argument("out_dir", help="directory to write <split>.parquet into")
     p.add_argument("--from", dest="src", action="append", default=None,
                    help="gsm8k/math: local file or datasets directory to convert (repeat for several splits)")
     p.add_argument("--split", action="append", default=None,
                    help="gsm8k/math: split name of each --from (default: 'test' if the name says so, else 'train')")
-    p.add_argument("--train-size", type=int, default=2000, help="synthetic: training prompts (default 2000)")
-    p.add_argument("--test-size", type=int, default=200, help="synthetic: held-out prompts (default 200)")
-    p.add_argument("--seed", type=int, default=0, help="synthetic: random seed (test uses seed+1)")
+    p.add_argument("--train-size", "--size", type=int, default=2000, help="generated: training prompts (default 2000)")
+    p.add_argument("--test-size", type=int, default=200, help="generated: held-out prompts (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="generated: random seed (test: seed+1; reasoning-gym: seed+size)")
     p.add_argument("--max-operand", type=int, default=20, help="arith: largest operand")
     p.add_argument("--ops", default="+-", help="arith: operators to draw from, out of '+-*'")
     p.add_argument("--terms", type=int, default=2, help="arith: operands per prompt; above 2 the rows carry a "
                    "worked solution (extra_info.solution) the warm start learns the format from")
     p.add_argument("--num-numbers", type=int, default=3, help="countdown: numbers per puzzle")
+    p.add_argument("--config", action="append", default=[], metavar="TASK.FIELD=VALUE",
+                   help="reasoning-gym: a generator setting of one task, e.g. chain_sum.max_terms=2 (repeatable)")
+
+
+def _task_name(value: str) -> str:
+    if value in ("arith", "countdown", *CONVERTED) or value.startswith("reasoning-gym:"):
+        return value
+    raise argparse.ArgumentTypeError(f"unknown task {value!r} (arith, countdown, gsm8k, math, "
+                                     "or reasoning-gym:<task>[,<task>...])")
 
 
 def _split_of(src: str) -> str:
@@ -65,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.src:
         raise ValueError(f"--from is for gsm8k/math; {args.task} is generated")
+    if args.task.startswith("reasoning-gym:"):
+        return _reasoning_gym(args, out)
+    if args.config:
+        raise ValueError("--config is for reasoning-gym tasks")
     from services.data import synthetic
 
     for split, n, seed in (("train", args.train_size, args.seed), ("test", args.test_size, args.seed + 1)):
@@ -75,4 +91,19 @@ def run(args: argparse.Namespace) -> int:
             rows = synthetic.countdown_rows(n, seed=seed, num_numbers=args.num_numbers, split=split)
         path = write_rows(rows, out / f"{split}.parquet")
         print(f"wrote {len(rows)} {args.task} prompts to {path}")
+    return 0
+
+
+def _reasoning_gym(args: argparse.Namespace, out) -> int:
+    from services.data import reasoning_tasks as rt
+    from services.data.parquet import write_rows
+
+    tasks = rt.parse_tasks(args.task)
+    configs = rt.parse_configs(args.config, tasks)
+    train = rt.task_rows(tasks, args.train_size, args.seed, "train", configs)
+    test = rt.held_out(rt.task_rows(tasks, args.test_size, rt.test_seed(args.seed, args.train_size), "test", configs),
+                       train)
+    for split, rows in (("train", train), ("test", test)):
+        path = write_rows(rows, out / f"{split}.parquet")
+        print(f"wrote {len(rows)} reasoning-gym prompts ({', '.join(tasks)}) to {path}")
     return 0

@@ -16,7 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.modelling.tiny import TinyModelSpec, build_tiny_model, count_parameters
+    from services.modelling.hf_dir import count_parameters
+    from services.modelling.tiny import TinyModelSpec, build_tiny_model
 
     spec = TinyModelSpec(
         hidden_size=args.hidden_size,

@@ -23,7 +23,9 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-from services.registry import ADV_ESTIMATORS, POLICY_LOSSES, SCORERS, TOOL_PARSERS, NameRegistry
+from services.registry import (
+    ADV_ESTIMATORS, POLICY_LOSSES, SCORER_FAMILIES, SCORERS, TOOL_PARSERS, NameRegistry, scorer_family,
+)
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
@@ -87,6 +89,7 @@ def scorer_problems(spec: Any) -> list[str]:
     if reward is None or _get(reward, "custom_reward_function.path") or _get(reward, "reward_model.enable"):
         return []
     scored = SCORERS.names()
+    known = [*scored, *(f"{family}<name>" for family in SCORER_FAMILIES)]
     out = []
     for key in ("train_files", "val_files"):
         files = list(_get(spec, f"data.{key}") or [])
@@ -94,9 +97,9 @@ def scorer_problems(spec: Any) -> list[str]:
             sources = data_sources(files)
         except (OSError, ValueError, KeyError):
             continue  # unreadable files are reported by the file checks
-        for src in sorted(sources - scored):
+        for src in sorted(s for s in sources - scored if scorer_family(s) is None):
             out.append(f"data.{key}: data_source {src!r} has no built-in scorer and no reward.custom_reward_function "
-                       f"is set{did_you_mean(src, scored)}")
+                       f"is set{did_you_mean(src, known)}")
     return out
 
 

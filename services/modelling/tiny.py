@@ -27,6 +27,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from services.modelling.hf_dir import embed_chat_template
+
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -135,12 +137,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
         tokenizer.add_tokens(list(spec.added_tokens))
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
-    # Older readers look for the template inside tokenizer_config.json; newer ones read
-    # chat_template.jinja (written by save_pretrained). Keep both in step.
-    tc_path = out / "tokenizer_config.json"
-    tc = json.loads(tc_path.read_text())
-    tc["chat_template"] = CHAT_TEMPLATE
-    tc_path.write_text(json.dumps(tc, indent=2))
+    embed_chat_template(out, CHAT_TEMPLATE)
 
     n_tok = len(tokenizer)
     vocab = ((n_tok + 63) // 64) * 64
@@ -184,19 +181,3 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> 
     model.save_pretrained(out, safe_serialization=True)
     (out / "meshrl_tiny.json").write_text(json.dumps({"spec": asdict(spec), "tokens": n_tok}, indent=1))
     return out
-
-
-def count_parameters(model_dir: str | Path) -> int:
-    """Number of stored parameters (elements) in ``model_dir``'s safetensors files."""
-    from safetensors import safe_open
-
-    total = 0
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as h:
-            for k in h.keys():
-                shape = h.get_slice(k).get_shape()
-                n = 1
-                for s in shape:
-                    n *= s
-                total += n
-    return total

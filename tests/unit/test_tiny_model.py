@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.modelling.tiny import CHAT_TEMPLATE, TinyModelSpec, build_tiny_model, count_parameters
+from services.modelling.hf_dir import count_parameters
+from services.modelling.tiny import CHAT_TEMPLATE, TinyModelSpec, build_tiny_model
 
 
 def test_loads_with_transformers(tiny_model: str) -> None:
