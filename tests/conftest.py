@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.broker",
     "tests.fixtures.tiny_model",
+    "tests.fixtures.real_model",
     "tests.fixtures.gpu",
 ]
 

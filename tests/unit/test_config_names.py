@@ -62,3 +62,19 @@ def test_validate_cli_reports_names_and_never_a_traceback(inputs, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = _meshrl("validate", str(tmp_path), "--debug")
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_scorer_families_cover_every_name_of_the_family(tmp_path, tiny_model):
+    """``reasoning_gym/<task>`` and ``math_verify/<name>`` sources have a built-in scorer;
+    a near miss of the family gets a suggestion."""
+    rows = synthetic.arith_rows(3, seed=0)
+    for r, src in zip(rows, ("reasoning_gym/chain_sum", "math_verify/gsm8k", "math_verify")):
+        r["data_source"] = src
+    write_rows(rows, tmp_path / "train.parquet")
+    rows[0]["data_source"] = "reasoning-gym/chain_sum"
+    write_rows(rows[:1], tmp_path / "val.parquet")
+    spec = load_job(SPEC, [f"model.path={tiny_model}", f"data.train_files={tmp_path / 'train.parquet'}",
+                           f"data.val_files={tmp_path / 'val.parquet'}"])
+    [problem] = name_problems(spec)
+    assert problem.startswith("data.val_files: data_source 'reasoning-gym/chain_sum' has no built-in scorer")
+    assert "did you mean 'reasoning_gym/<name>'?" in problem
