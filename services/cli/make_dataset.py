@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-numbers", type=int, default=3, help="countdown: numbers per puzzle")
     p.add_argument("--config", action="append", default=[], metavar="TASK.FIELD=VALUE",
                    help="reasoning-gym: a generator setting of one task, e.g. chain_sum.max_terms=2 (repeatable)")
+    p.add_argument("--instruction", default="",
+                   help="reasoning-gym: text appended to every question, e.g. 'Answer with just the number.'")
 
 
 def _task_name(value: str) -> str:
@@ -79,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--from is for gsm8k/math; {args.task} is generated")
     if args.task.startswith("reasoning-gym:"):
         return _reasoning_gym(args, out)
-    if args.config:
-        raise ValueError("--config is for reasoning-gym tasks")
+    if args.config or args.instruction:
+        raise ValueError("--config and --instruction are for reasoning-gym tasks")
     from services.data import synthetic
 
     for split, n, seed in (("train", args.train_size, args.seed), ("test", args.test_size, args.seed + 1)):
@@ -100,9 +102,9 @@ def _reasoning_gym(args: argparse.Namespace, out) -> int:
 
     tasks = rt.parse_tasks(args.task)
     configs = rt.parse_configs(args.config, tasks)
-    train = rt.task_rows(tasks, args.train_size, args.seed, "train", configs)
-    test = rt.held_out(rt.task_rows(tasks, args.test_size, rt.test_seed(args.seed, args.train_size), "test", configs),
-                       train)
+    train = rt.task_rows(tasks, args.train_size, args.seed, "train", configs, args.instruction)
+    test = rt.held_out(rt.task_rows(tasks, args.test_size, rt.test_seed(args.seed, args.train_size), "test", configs,
+                                    args.instruction), train)
     for split, rows in (("train", train), ("test", test)):
         path = write_rows(rows, out / f"{split}.parquet")
         print(f"wrote {len(rows)} reasoning-gym prompts ({', '.join(tasks)}) to {path}")

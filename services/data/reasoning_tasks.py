@@ -4,7 +4,7 @@
 ``DIR/train.parquet`` and ``DIR/test.parquet``. Each row is one generated entry:
 
     data_source   "reasoning_gym/<task>"      validation reports each task on its own
-    prompt        [{"role": "user", "content": <the entry's question>}]
+    prompt        [{"role": "user", "content": <the entry's question>[ + " " + instruction]}]
     ability       "reasoning"
     reward_model  {"style": "rule", "ground_truth": <JSON, below>}
     extra_info    {"split", "index", "task"}
@@ -110,8 +110,10 @@ def _plain(value: Any) -> Any:
 
 
 def task_rows(tasks: Sequence[str], size: int, seed: int, split: str,
-              configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """``size`` rows shared by ``tasks`` and interleaved (see module doc)."""
+              configs: Mapping[str, Mapping[str, Any]] | None = None, instruction: str = "") -> list[dict[str, Any]]:
+    """``size`` rows shared by ``tasks`` and interleaved (see module doc). ``instruction``
+    is appended to every question (how to give the answer, e.g. "Answer with just the
+    number."); the entry the verifier sees keeps the task's own question."""
     if size < len(tasks):
         raise ValueError(f"--size {size} is below the number of tasks ({len(tasks)})")
     configs = configs or {}
@@ -120,15 +122,17 @@ def task_rows(tasks: Sequence[str], size: int, seed: int, split: str,
     for j in range(max(len(p) for p in per_task)):
         for task, entries in zip(tasks, per_task):
             if j < len(entries):
-                rows.append(_row(task, entries[j], dict(configs.get(task, {})), split, len(rows)))
+                rows.append(_row(task, entries[j], dict(configs.get(task, {})), split, len(rows), instruction))
     return rows
 
 
-def _row(task: str, entry: dict[str, Any], config: dict[str, Any], split: str, index: int) -> dict[str, Any]:
+def _row(task: str, entry: dict[str, Any], config: dict[str, Any], split: str, index: int,
+         instruction: str) -> dict[str, Any]:
     truth = json.dumps({"task": task, "config": config, "entry": entry}, sort_keys=True)
+    question = entry["question"].rstrip()
     return {
         "data_source": SOURCE_PREFIX + task,
-        "prompt": [{"role": "user", "content": entry["question"]}],
+        "prompt": [{"role": "user", "content": f"{question} {instruction.strip()}" if instruction.strip() else question}],
         "ability": "reasoning",
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"split": split, "index": index, "task": task},

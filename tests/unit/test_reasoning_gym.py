@@ -113,4 +113,4 @@ def test_cli_writes_train_and_test_that_validate(tmp_path: Path) -> None:
         assert pq.read_table(out / f"{split}.parquet").num_rows == n
     bad = subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(tmp_path / "a"),
                           "--config", "chain_sum.max_terms=2"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--config is for reasoning-gym" in bad.stderr
+    assert bad.returncode == 2 and "--config and --instruction are for reasoning-gym" in bad.stderr
