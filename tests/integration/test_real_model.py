@@ -59,9 +59,10 @@ def test_the_gguf_converts_to_a_standard_directory(smollm2: str) -> None:
     assert nll < 4.0, nll
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def replica(smollm2: str):
-    """The rollout service's own engine and replica on the converted model."""
+    """The rollout service's own engine and replica on the converted model (stopped after the
+    test, so that the whole job below does not share the memory with it)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from rollout_svc.engine import RolloutEngine
     from rollout_svc.replica import Replica
