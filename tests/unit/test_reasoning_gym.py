@@ -96,6 +96,19 @@ def test_scorer_families_and_bad_ground_truth() -> None:
         reasoning_gym_score.compute_score("1", json.dumps({"answer": "1"}))
     assert reasoning_gym_score.extract_answer("a <answer> 7 </answer> b <answer>8</answer>") == "8"
     assert reasoning_gym_score.extract_answer("  just 8\n") == "just 8"
+    assert reasoning_gym_score.extract_answer("3 - 7 = -4, so 1,204.5.", "last_number") == "1204.5"
+    assert reasoning_gym_score.extract_answer("none", "last_number") == ""
+    assert reasoning_gym_score.extract_answer("<answer>x</answer> 5", "last_number") == "x"
+    with pytest.raises(ValueError, match="extract"):
+        reasoning_gym_score.extract_answer("5", "first")
+
+
+def test_last_number_extraction_reaches_the_verifier() -> None:
+    [row] = rt.task_rows(["chain_sum"], 1, 5, "train", {"chain_sum": {"max_terms": 2, "max_digits": 1}})
+    truth, answer = row["reward_model"]["ground_truth"], _answer(row)
+    text = f"The answer to this problem is {answer}."
+    assert default_compute_score(row["data_source"], text, truth) < 0.1  # the whole response is no number
+    assert default_compute_score(row["data_source"], text, truth, extract="last_number") == 1.0
 
 
 def test_cli_writes_train_and_test_that_validate(tmp_path: Path) -> None:
