@@ -4,7 +4,7 @@
     lm_eval --include_path runs/smollm2/lm_eval --tasks meshrl_heldout --apply_chat_template ...
 
 For each ``data_source`` the output directory gets ``<task>.jsonl`` (the rows: the user
-message, the ground truth, the data source) and ``<task>.yaml`` (a ``generate_until`` task on
+message, the ground truth, the data source, the scorer's keyword arguments) and ``<task>.yaml`` (a ``generate_until`` task on
 that local file: no hub), plus ``meshrl_scoring.py`` (scores with meshrl's own scorer) and a
 group ``meshrl_heldout`` of all of them. Task names are ``meshrl_<source>`` with ``/`` -> ``_``.
 Only a single-turn user prompt is supported (what lm-eval's chat template path sends).
@@ -30,9 +30,13 @@ def main() -> None:
     p.add_argument("parquet", help="verl-style rows (meshrl make-dataset's test.parquet)")
     p.add_argument("out_dir")
     p.add_argument("--max-gen-toks", type=int, default=32, help="answer budget (data.max_response_length)")
+    p.add_argument("--reward-kwargs", default="{}", help="JSON: the job's reward.custom_reward_function.reward_kwargs")
     args = p.parse_args()
     import pyarrow.parquet as pq
 
+    kwargs = json.loads(args.reward_kwargs)
+    if not isinstance(kwargs, dict):
+        raise SystemExit(f"--reward-kwargs must be a JSON object, got {args.reward_kwargs!r}")
     out = Path(args.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     by_source: dict[str, list[dict]] = {}
@@ -42,7 +46,7 @@ def main() -> None:
             raise SystemExit(f"{args.parquet}: only single user-message prompts are supported, got {msgs!r}")
         by_source.setdefault(row["data_source"], []).append(
             {"question": msgs[0]["content"], "ground_truth": row["reward_model"]["ground_truth"],
-             "data_source": row["data_source"]})
+             "data_source": row["data_source"], "scorer_kwargs": json.dumps(kwargs)})
     names = []
     for source, rows in sorted(by_source.items()):
         name = task_name(source)
