@@ -127,3 +127,13 @@ def test_cli_writes_train_and_test_that_validate(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(tmp_path / "a"),
                           "--config", "chain_sum.max_terms=2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--config and --instruction are for reasoning-gym" in bad.stderr
+
+
+def test_the_registry_declares_the_scorer_families() -> None:
+    """``meshrl validate`` knows the families without importing reward_svc."""
+    from reward_svc.scorers import SCORER_FAMILIES
+    from services import registry
+
+    assert sorted(registry.SCORER_FAMILIES) == sorted(SCORER_FAMILIES)
+    assert registry.scorer_family("reasoning_gym/chain_sum") == "reasoning_gym/"
+    assert registry.scorer_family("reasoning_gym/") is None and registry.scorer_family("gsm8k") is None
