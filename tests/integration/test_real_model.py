@@ -94,7 +94,7 @@ def test_replica_and_transformers_agree_on_log_probs(smollm2: str, replica) -> N
     item = DataProto.from_dict(non_tensors={
         "raw_prompt_ids": ids, "uid": np.array([f"q{i}" for i in range(len(prompts))], dtype=object),
         "sample_id": np.array([f"q{i}" for i in range(len(prompts))], dtype=object),
-    }, meta_info={"validate": False, "epoch": 0})
+    }, meta_info={"validate": False, "epoch": 0, "n": 2})  # rollout.n, as the feeder writes it
     groups = el.run(rep.generate_item(item))
     assert len(groups) == len(prompts)
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
