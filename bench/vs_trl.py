@@ -17,7 +17,8 @@ Each system's clock starts when its process is launched. Per system the script p
 the first RL step was done, seconds per step after it, the step (and the seconds) at which
 the mean training reward over 5 steps first reaches ``--target``, the mean reward of the last
 5 steps and the greedy validation score on the job's test prompts at the end (TRL's is
-computed after training, untimed; meshrl's is its own last validation round). Then:
+computed after training, untimed; meshrl's is its own last validation round), and the CPU
+seconds one RL step costs after the first (meshrl's per service, from its process tree). Then:
 
     vs_trl time_to_target_ratio=<meshrl s / TRL s> s_per_step_ratio=<meshrl / TRL> first_step_ratio=<meshrl / TRL>
 
@@ -41,6 +42,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from _proctree import TreeSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 5  # steps in the moving mean that must reach the target
@@ -72,6 +75,8 @@ class Result:
     launched: float
     history: list[tuple[int, float, float]] = field(default_factory=list)
     validation: float = math.nan
+    #: CPU seconds per RL step after the first, per process group (meshrl: per service)
+    cpu_per_step: dict[str, float] = field(default_factory=dict)
 
     def first_step_s(self) -> float:
         return self.history[0][1] - self.launched if self.history else math.nan
@@ -103,6 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warm-steps", type=int, default=50, help="supervised warm-start steps (the quick start's 50)")
     p.add_argument("--workdir", default=None, help="models, data and runs (default: a temp dir)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra override of meshrl's job (repeatable), e.g. services.trainer.torch_threads=2")
     p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # internal: run TRL from this JSON
     return p.parse_args(argv)
 
@@ -116,18 +123,28 @@ def run_meshrl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Name
     run_dir = work / "meshrl-run"
     test = work / "data-val" / "test.parquet"
     overrides = [*job_overrides(warm, data, args.seed), f"data.val_files={test}",
-                 f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.steps}"]
+                 f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.steps}", *args.set]
     cmd = [sys.executable, "-m", "services.cli", "run", str(job.spec), *overrides, "--run-dir", str(run_dir),
            "--no-progress"]
+    steps_file = run_dir / "trainer_metrics.jsonl"
     result = Result("meshrl", time.time())
     with open(work / "meshrl.log", "w") as log:
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    if code != 0:
-        raise SystemExit(f"meshrl run exited {code}; see {work / 'meshrl.log'}:\n"
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        sampler, at_first = TreeSampler(proc.pid), None
+        while proc.poll() is None:
+            sampler.sample()
+            if at_first is None and steps_file.exists() and steps_file.stat().st_size:
+                at_first = sampler.totals()  # CPU spent until the first step (start-up included)
+            time.sleep(0.5)
+    if proc.returncode != 0:
+        raise SystemExit(f"meshrl run exited {proc.returncode}; see {work / 'meshrl.log'}:\n"
                          + (work / "meshrl.log").read_text()[-3000:])
-    for line in (run_dir / "trainer_metrics.jsonl").read_text().splitlines():
+    for line in steps_file.read_text().splitlines():
         rec = json.loads(line)
         result.history.append((rec["step"], rec["time"], rec["metrics"]["critic/score/mean"]))
+    if at_first is not None and len(result.history) > 1:
+        result.cpu_per_step = {k: (v - at_first.get(k, 0.0)) / (len(result.history) - 1)
+                               for k, v in sampler.totals().items()}
     summary = json.loads((run_dir / "summary.json").read_text())
     result.validation = summary.get("val_score_end", math.nan)
     return result
@@ -150,8 +167,10 @@ def run_trl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Namespa
     if code != 0:
         raise SystemExit(f"TRL exited {code}; see {work / 'trl.log'}:\n" + (work / "trl.log").read_text()[-3000:])
     out = json.loads((work / "trl" / "result.json").read_text())
-    result.history = [tuple(h) for h in out["history"]]
+    result.history = [tuple(h[:3]) for h in out["history"]]
     result.validation = out["validation"]
+    if len(out["history"]) > 1:
+        result.cpu_per_step = {"trl": (out["history"][-1][3] - out["history"][0][3]) / (len(out["history"]) - 1)}
     return result
 
 
@@ -173,14 +192,14 @@ def trl_worker(cfg_path: str) -> int:
         return [default_compute_score(src, c[0]["content"], rm["ground_truth"])
                 for c, src, rm in zip(completions, data_source, reward_model)]
 
-    history: list[tuple[int, float, float]] = []
+    history: list[tuple[int, float, float, float]] = []  # (step, time, reward, this process's CPU seconds)
 
     class Steps(TrainerCallback):
         """One log per generation (logging_steps = steps_per_generation): one RL step."""
 
         def on_log(self, _args, state, _control, logs=None, **_):
             if logs and "reward" in logs:
-                history.append((len(history) + 1, time.time(), float(logs["reward"])))
+                history.append((len(history) + 1, time.time(), float(logs["reward"]), time.process_time()))
 
     tok = AutoTokenizer.from_pretrained(cfg["model"])
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32, attn_implementation="sdpa")
@@ -241,9 +260,10 @@ def prepare(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
 
 def report(r: Result, target: float) -> str:
     step, secs = r.reached(target)
+    cpu = ",".join(f"{k}:{v:.2f}" for k, v in sorted(r.cpu_per_step.items()))
     return (f"{r.system:6s} first_step_s={r.first_step_s():.1f} s_per_step={r.s_per_step():.2f} "
             f"target_step={step if step is not None else 'n/a'} target_s={secs:.1f} steps={len(r.history)} "
-            f"final_reward={r.final_reward():.3f} validation={r.validation:.3f}")
+            f"final_reward={r.final_reward():.3f} validation={r.validation:.3f} cpu_s_per_step={cpu or 'n/a'}")
 
 
 def main() -> int:
