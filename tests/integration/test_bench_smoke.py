@@ -29,7 +29,7 @@ CASES = {
                    r"weights ratio_vs_tcp=\S+ seconds_per_gb=\S+", ()),
     "reward.py": (["--samples", "400", "--group", "4", "--procs", "1", "--distinct", "20"],
                   r"reward ratio_vs_inline=\S+ samples_per_s=\S+", ()),
-    "queues.py": (["--big-mb", "1", "--big-n", "2", "--small-n", "4", "--msgs", "200"],
+    "queues.py": (["--big-mb", "2", "--big-n", "2", "--small-n", "4", "--msgs", "200"],
                   r"queues redis_ratio_vs_tcp=\S+ embedded_ratio_vs_tcp=\S+ redis_msgs_per_s_1kb=\S+",
                   (pytest.mark.redis,)),
     "rollout.py": (["--model", "{model}", "--prompts", "8", "--n", "2", "--response-length", "4", "--repeats", "1",
