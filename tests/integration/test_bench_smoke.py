@@ -51,9 +51,12 @@ CASES = {
     "quickstart_seeds.py": (["--seeds", "0", "--out", "{tmp}", "trainer.total_steps=2", "data.val_files=[]"],
                             r"quickstart_seeds min_reward_end=\S+ mean_reward_end=\S+ runs_at_target=\d+/1 rewards=\S+",
                             (pytest.mark.vllm,)),
+    "trainer_kills.py": (["--runs", "1", "--kill-at", "2", "--out", "{tmp}"],
+                         r"trainer_kills finished=\d+/1 max_in_flight=\S+ seconds_min=\S+ seconds_max=\S+ load=\S+",
+                         (pytest.mark.vllm,)),
 }
 #: benchmarks whose smoke run lives elsewhere
-ELSEWHERE = {"wire.py": "tests/unit/test_wire_bench.py"}
+ELSEWHERE = {"wire.py": "tests/unit/test_wire_bench.py", "verifiers.py": "tests/unit/test_math_verify_scorer.py"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
