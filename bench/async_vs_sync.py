@@ -39,8 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from _proctree import TreeSampler
+
 ROOT = Path(__file__).resolve().parents[1]
-SERVICES = ("trainer_svc", "rollout_svc", "reward_svc")
 
 
 def parse_args() -> argparse.Namespace:
@@ -78,53 +79,6 @@ def prepare(work: Path, seed: int, warm_steps: int, terms: int) -> tuple[Path, P
         write_rows(synthetic.arith_rows(2000, seed=seed, max_operand=4, ops="+", terms=terms), data / "train.parquet")
         warm_start(model, data / "train.parquet", warm, steps=warm_steps, seed=seed, log_every=0)
     return warm, data / "train.parquet"
-
-
-class TreeSampler:
-    """CPU seconds per service, from the process tree under the controller's pid."""
-
-    def __init__(self, root_pid: int) -> None:
-        import psutil
-
-        self.psutil = psutil
-        self.root = psutil.Process(root_pid)
-        self.seen: dict[int, tuple[str, float]] = {}
-
-    def _service_of(self, proc) -> str:
-        chain = [proc]
-        try:
-            chain += proc.parents()
-        except self.psutil.Error:
-            pass
-        for p in chain:
-            try:
-                cmd = " ".join(p.cmdline())
-            except self.psutil.Error:
-                continue
-            for s in SERVICES:
-                if f"-m {s}" in cmd:
-                    return s.removesuffix("_svc")
-        return "controller"
-
-    def sample(self) -> None:
-        try:
-            procs = [self.root, *self.root.children(recursive=True)]
-        except self.psutil.Error:
-            return
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                cpu = t.user + t.system
-            except self.psutil.Error:
-                continue
-            name = self.seen[p.pid][0] if p.pid in self.seen else self._service_of(p)
-            self.seen[p.pid] = (name, cpu)
-
-    def totals(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name, cpu in self.seen.values():
-            out[name] = out.get(name, 0.0) + cpu
-        return out
 
 
 def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Namespace) -> dict:

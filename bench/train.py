@@ -1,6 +1,6 @@
 """Benchmark: one GRPO update of meshrl's trainer vs plain PyTorch over the same tokens.
 
-meshrl side: ``TrainerWorker.step`` on one FSDP2 rank (gloo) -- recompute old log-probs
+meshrl side: ``TrainerWorker.step`` on one rank (gloo; unwrapped, FSDP2 shards only over several) -- recompute old log-probs
 (no-grad forward), GRPO advantages, then the PPO policy update (forward + backward + AdamW
 step, gradient accumulation over micro-batches). Baseline, measured in the same run on the
 same batch and micro-batches: a plain HuggingFace model, ``forward(labels=...)`` +
@@ -124,7 +124,7 @@ def main() -> int:
           f"{tokens} tokens; threads {torch.get_num_threads()}; clock {args.clock} (seconds below)")
     print(f"plain torch fwd+bwd+step: best {mb:.3f}s median {statistics.median(t_base):.3f}s  "
           f"{[round(t, 3) for t in t_base]}")
-    print(f"meshrl GRPO update (recompute + update, FSDP2 1 rank): best {mo:.3f}s "
+    print(f"meshrl GRPO update (recompute + update, 1 rank): best {mo:.3f}s "
           f"median {statistics.median(t_ours):.3f}s  {[round(t, 3) for t in t_ours]}")
     print(f"train ratio_vs_torch={mb / mo:.3f} tokens_per_s={tokens / mo:.1f}")
     return 0

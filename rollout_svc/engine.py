@@ -142,6 +142,15 @@ class RolloutEngine:
         """Start vLLM (bounded by ``cfg.engine_startup_timeout_s``) and read token ids."""
         if self.cfg.kv_cache_space_gib is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(max(1, round(self.cfg.kv_cache_space_gib)))))
+        from vllm.platforms import current_platform
+
+        if self.cfg.enforce_eager and current_platform.is_cpu():
+            # Even in eager mode vLLM torch.compiles a few sampler helpers (the logprob rank
+            # count among them) on their first call; on CPU inductor builds them with the C++
+            # compiler: 7-23 s of the first batch here (a job's first validation round: 100
+            # greedy prompts then take 0.4 s), and later batches are no faster for it. The
+            # engine's processes are spawned, so they read this before importing torch.
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
         from vllm.v1.engine.async_llm import AsyncLLM
 
         def build():

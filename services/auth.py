@@ -167,7 +167,15 @@ def provision(path: str | Path) -> JobCredential:
 
 
 def provision_temporary() -> JobCredential:
-    """:func:`provision` into a private temporary directory removed when the process exits."""
+    """:func:`provision` into a private temporary directory removed when the process exits.
+
+    A process started by one that provisioned (a benchmark's receiver or client running the
+    same ``__main__``) finds its parent's credential in ``MESHRL_JOB_CREDENTIAL_FILE`` and
+    installs that instead: a new one would be refused by the parent's servers.
+    """
+    inherited = os.environ.get(ENV)
+    if inherited and Path(inherited).is_file():
+        return install(inherited)
     import atexit
     import shutil
     import tempfile

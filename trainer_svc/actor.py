@@ -64,15 +64,20 @@ def forward_log_probs(
 
     Only the last ``R + 1`` positions go through the LM head (``logits_to_keep``), so the
     prompt costs no vocabulary projection. Returns ``(entropy [B, R] or None, log_probs
-    [B, R])`` in float32, computed from ``logits / temperature``. With ``entropy_grad=False``
-    the entropy is a detached metric (no backward through the extra softmax).
+    [B, R])`` in float32, computed from ``logits / temperature``, 0 at response positions
+    without a token (``attention_mask`` 0, as verl's unpadded path returns them), so the
+    result does not depend on how rows are grouped into micro-batches. With
+    ``entropy_grad=False`` the entropy is a detached metric (no backward through the extra
+    softmax).
     """
-    responses = batch["responses"]
-    r = responses.shape[1]
+    full_r = batch["responses"].shape[1]
+    lo, hi = _valid_columns(batch["attention_mask"])
+    r = max(0, hi - (batch["input_ids"].shape[1] - full_r))  # response columns that hold a token
+    responses = batch["responses"][:, :r]
     out = module(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
+        input_ids=batch["input_ids"][:, lo:hi],
+        attention_mask=batch["attention_mask"][:, lo:hi],
+        position_ids=batch["position_ids"][:, lo:hi],
         use_cache=False,
         logits_to_keep=r + 1,
     )
@@ -81,11 +86,30 @@ def forward_log_probs(
         logits = logits / temperature
     logz = torch.logsumexp(logits, dim=-1)
     log_probs = torch.gather(logits, -1, responses.unsqueeze(-1)).squeeze(-1) - logz
+    no_token = batch["attention_mask"][:, -full_r:][:, :r] == 0
     entropy = None
     if calculate_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return entropy, log_probs
+            entropy = torch.nn.functional.pad(entropy.masked_fill(no_token, 0.0), (0, full_r - r))
+    return entropy, torch.nn.functional.pad(log_probs.masked_fill(no_token, 0.0), (0, full_r - r))
+
+
+def _valid_columns(attention_mask: torch.Tensor) -> tuple[int, int]:
+    """``[lo, hi)``: the columns of a micro-batch that hold a token in some row.
+
+    Prompts are left-padded to the rollout's ``prompt_length`` and responses right-padded to
+    ``response_length``, so a batch of short prompts and answers is mostly padding (the
+    quick start's is a third: 26 of 38 columns at the first step, 22 later). Padding columns
+    change no result -- left of every prompt they are masked keys, right of every response
+    they come after every scored position in a causal model -- but cost a full forward and
+    backward, so they are cut; scores of cut response columns are 0 (``response_mask`` is 0
+    there).
+    """
+    cols = attention_mask.any(0).nonzero()
+    if cols.numel() == 0:
+        return 0, attention_mask.shape[1]
+    return int(cols[0]), int(cols[-1]) + 1
 
 
 def all_reduce(t: torch.Tensor, group: dist.ProcessGroup | None, op=dist.ReduceOp.SUM) -> torch.Tensor:

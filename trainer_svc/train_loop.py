@@ -331,7 +331,7 @@ class TrainerService:
         )
         if self.spec.trainer.metrics_file:
             line = {
-                "step": self.step_no, "version": result.version, "applied": result.applied,
+                "step": self.step_no, "time": time.time(), "version": result.version, "applied": result.applied,
                 "skipped_steps": result.skipped_steps, "samples": result.samples,
                 "staleness": pending.staleness, "seconds": seconds, "metrics": m,
             }

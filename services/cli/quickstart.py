@@ -25,6 +25,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="a.b=c overrides for the job spec")
 
 
+def prepare(out, seed: int = 0, warm_steps: int = 50, log=print):
+    """Steps 1-3 under ``out``: the tiny model (kept if built), the addition task's parquet
+    files and the warm start. Returns ``(warm model dir, data dir, WarmStartResult)``; the
+    benchmarks that compare against the quick start start from the same three."""
+    from services.data import synthetic
+    from services.data.parquet import write_rows
+    from services.modelling.tiny import TinyModelSpec, build_tiny_model
+    from services.warmstart import warm_start
+
+    model, warm, data = out / "model", out / "model-warm", out / "data"
+    if not (model / "config.json").exists():
+        build_tiny_model(model, TinyModelSpec(seed=seed))
+        log(f"[1/4] tiny model built: {model}")
+    write_rows(synthetic.arith_rows(2000, seed=0, max_operand=4, ops="+"), data / "train.parquet")
+    write_rows(synthetic.arith_rows(100, seed=1, max_operand=4, ops="+", split="test"), data / "test.parquet")
+    log(f"[2/4] arithmetic prompts written: {data}")
+    res = warm_start(model, data / "train.parquet", warm, steps=warm_steps, seed=seed, log_every=0)
+    log(f"[3/4] supervised warm start: {res.steps} steps, loss {res.final_loss:.3f}, "
+        f"expected reward {res.p_correct:.3f} (what RL starts from)")
+    return warm, data, res
+
+
+def job_overrides(warm, data, seed: int = 0) -> list[str]:
+    """What the quick start sets on top of ``examples/quickstart.yaml``: its files and seed."""
+    return [f"model.path={warm}", f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'test.parquet'}", f"data.seed={seed}", f"rollout.seed={seed}"]
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     import shutil
@@ -36,25 +64,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     out = Path(args.out).resolve()
     spec_path = Path(args.spec) if args.spec else Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
-    model, warm, data, run_dir = out / "model", out / "model-warm", out / "data", out / "run"
-
-    from services.data import synthetic
-    from services.data.parquet import write_rows
-    from services.modelling.tiny import TinyModelSpec, build_tiny_model
-    from services.warmstart import warm_start
-
-    if not (model / "config.json").exists():
-        build_tiny_model(model, TinyModelSpec(seed=args.seed))
-        print(f"[1/4] tiny model built: {model}", flush=True)
-    write_rows(synthetic.arith_rows(2000, seed=0, max_operand=4, ops="+"), data / "train.parquet")
-    write_rows(synthetic.arith_rows(100, seed=1, max_operand=4, ops="+", split="test"), data / "test.parquet")
-    print(f"[2/4] arithmetic prompts written: {data}", flush=True)
-    res = warm_start(model, data / "train.parquet", warm, steps=args.warm_steps, seed=args.seed, log_every=0)
-    print(f"[3/4] supervised warm start: {res.steps} steps, loss {res.final_loss:.3f}, "
-          f"expected reward {res.p_correct:.3f} (what RL starts from)", flush=True)
-    overrides = [f"model.path={warm}", f"data.train_files={data / 'train.parquet'}",
-                 f"data.val_files={data / 'test.parquet'}", f"data.seed={args.seed}", f"rollout.seed={args.seed}",
-                 *args.overrides]
+    run_dir = out / "run"
+    warm, data, res = prepare(out, args.seed, args.warm_steps, log=lambda line: print(line, flush=True))
+    overrides = [*job_overrides(warm, data, args.seed), *args.overrides]
     try:
         spec = load_job(spec_path, overrides)
     except JobSpecError as exc:

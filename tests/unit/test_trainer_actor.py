@@ -31,6 +31,8 @@ def _actor(model, **cfg):
 
 
 def _hf_log_probs(model, batch, temperature=1.0):
+    """Log-probs and entropies of the responses from one plain forward over the padded batch;
+    0 where a response has no token (the actor's convention for padding)."""
     r = batch.batch["responses"].shape[1]
     with torch.no_grad():
         logits = model(
@@ -41,7 +43,8 @@ def _hf_log_probs(model, batch, temperature=1.0):
     logp = torch.log_softmax(logits, -1)
     lp = logp.gather(-1, batch.batch["responses"].unsqueeze(-1)).squeeze(-1)
     ent = -(logp.exp() * logp).sum(-1)
-    return lp, ent
+    token = batch.batch["attention_mask"][:, -r:].bool()
+    return lp.where(token, 0.0), ent.where(token, 0.0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -62,6 +65,22 @@ def test_dynamic_micro_batches_give_the_same_log_probs(model):
     batch.meta_info.update(use_dynamic_bsz=True, max_token_len=20)
     dynamic, _ = _actor(model).compute_log_prob(batch)
     torch.testing.assert_close(dynamic, fixed, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_columns_change_no_log_prob(model):
+    """Extra all-padding columns (left of every prompt, right of every response) are cut
+    before the forward: the same rows padded wider give the same log-probs."""
+    narrow = make_batch(3, n=2, prompt_len=6, response_len=4, vocab_size=model.config.vocab_size, seed=7)
+    wide = collate_groups([narrow, make_group("w", n=1, prompt_len=11, response_len=9, vocab_size=50, seed=8)])
+    assert tuple(wide.batch["input_ids"].shape) == (7, 20)
+    actor = _actor(model, log_prob_micro_batch_size_per_gpu=6)  # the wide row in a micro-batch of its own
+    lp_wide, ent_wide = actor.compute_log_prob(wide, calculate_entropy=True)
+    lp, ent = actor.compute_log_prob(narrow, calculate_entropy=True)
+    torch.testing.assert_close(lp_wide[:6, :4], lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_wide[:6, :4], ent, atol=1e-5, rtol=1e-5)
+    assert not lp_wide[:6, 4:].any() and not ent_wide[:6, 4:].any()
+    ref_lp, _ = _hf_log_probs(model, narrow)
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
 
 
 def test_update_policy_rejects_batches_missing_columns(model):

@@ -1,0 +1,296 @@
+"""Benchmark: meshrl against Hugging Face TRL's ``GRPOTrainer`` on the same job, same run.
+
+Both systems get the same warm-started model, the same parquet prompts, the same reward rule
+(meshrl's built-in scorer for the prompts' ``data_source``), the same seed and the same batch
+layout: ``B`` prompts x ``n`` samples per RL step, ``M`` optimizer steps of ``B*n/M`` samples
+each, temperature 1.0, the job's response length, AdamW with cosine decay to 0.1 x lr, PPO
+clip 0.2, token-mean loss, no KL, fp32.
+
+- ``trl``: one process (``GRPOTrainer``, synchronous: generate with ``transformers``, score,
+  recompute old log-probs, ``M`` updates), started as a user would start it; its RL step is
+  TRL's ``steps_per_generation = M`` optimizer steps.
+- ``meshrl``: ``meshrl run`` on the job's spec with the quick start's overrides (embedded
+  broker, a vLLM replica, a reward worker, the trainer, the weight channel): the README's
+  quick start without its model-building and warm-start steps, which both systems share.
+
+Each system's clock starts when its process is launched. Per system the script prints when
+the first RL step was done, seconds per step after it, the step (and the seconds) at which
+the mean training reward over 5 steps first reaches ``--target``, the mean reward of the last
+5 steps and the greedy validation score on the job's test prompts at the end (TRL's is
+computed after training, untimed; meshrl's is its own last validation round), and the CPU
+seconds one RL step costs after the first (meshrl's per service, from its process tree). Then:
+
+    vs_trl time_to_target_ratio=<meshrl s / TRL s> s_per_step_ratio=<meshrl / TRL> first_step_ratio=<meshrl / TRL>
+
+A ratio below 1 means meshrl is faster; ``nan`` where a system never reached the target.
+
+    python bench/vs_trl.py [--job quickstart] [--steps 100] [--target 0.9] [--systems trl,meshrl]
+
+TRL comes from the ``bench`` extra (``pip install -e .[bench]``). ``--steps 2 --val 8``
+is a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from _proctree import TreeSampler
+
+ROOT = Path(__file__).resolve().parents[1]
+WINDOW = 5  # steps in the moving mean that must reach the target
+
+
+@dataclass
+class Job:
+    """What both systems run. ``spec``: the meshrl job file; the rest mirrors its keys."""
+
+    spec: Path
+    batch: int = 32                 # data.train_batch_size (prompts per RL step)
+    n: int = 16                     # rollout.n
+    mini_batches: int = 8           # train_batch_size / actor.ppo_mini_batch_size
+    response: int = 6               # data.max_response_length
+    lr: float = 5e-4
+    min_lr_ratio: float = 0.1
+    clip: float = 0.2
+    temperature: float = 1.0
+
+
+JOBS = {"quickstart": Job(spec=ROOT / "examples" / "quickstart.yaml")}
+
+
+@dataclass
+class Result:
+    """One system's run: ``history`` holds ``(step, unix time done, mean reward)``."""
+
+    system: str
+    launched: float
+    history: list[tuple[int, float, float]] = field(default_factory=list)
+    validation: float = math.nan
+    #: CPU seconds per RL step after the first, per process group (meshrl: per service)
+    cpu_per_step: dict[str, float] = field(default_factory=dict)
+
+    def first_step_s(self) -> float:
+        return self.history[0][1] - self.launched if self.history else math.nan
+
+    def s_per_step(self) -> float:
+        h = self.history
+        return (h[-1][1] - h[0][1]) / (len(h) - 1) if len(h) > 1 else math.nan
+
+    def reached(self, target: float) -> tuple[int | None, float]:
+        """(step, seconds since launch) when the 5-step mean reward first reached ``target``."""
+        rewards = [r for _, _, r in self.history]
+        for i in range(WINDOW - 1, len(rewards)):
+            if sum(rewards[i - WINDOW + 1: i + 1]) / WINDOW >= target:
+                return self.history[i][0], self.history[i][1] - self.launched
+        return None, math.nan
+
+    def final_reward(self) -> float:
+        tail = [r for _, _, r in self.history[-WINDOW:]]
+        return sum(tail) / len(tail) if tail else math.nan
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--job", choices=sorted(JOBS), default="quickstart")
+    p.add_argument("--steps", type=int, default=100, help="RL steps per system")
+    p.add_argument("--target", type=float, default=0.9, help="5-step mean training reward that counts as reached")
+    p.add_argument("--systems", default="trl,meshrl", help="comma-separated: trl, meshrl (in this order)")
+    p.add_argument("--val", type=int, default=100, help="validation prompts (the job's test set, first N)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-steps", type=int, default=50, help="supervised warm-start steps (the quick start's 50)")
+    p.add_argument("--workdir", default=None, help="models, data and runs (default: a temp dir)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra override of meshrl's job (repeatable), e.g. services.trainer.torch_threads=2")
+    p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # internal: run TRL from this JSON
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- meshrl
+
+
+def run_meshrl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Namespace) -> Result:
+    from services.cli.quickstart import job_overrides
+
+    run_dir = work / "meshrl-run"
+    test = work / "data-val" / "test.parquet"
+    overrides = [*job_overrides(warm, data, args.seed), f"data.val_files={test}",
+                 f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.steps}", *args.set]
+    cmd = [sys.executable, "-m", "services.cli", "run", str(job.spec), *overrides, "--run-dir", str(run_dir),
+           "--no-progress"]
+    steps_file = run_dir / "trainer_metrics.jsonl"
+    result = Result("meshrl", time.time())
+    with open(work / "meshrl.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        sampler, at_first = TreeSampler(proc.pid), None
+        while proc.poll() is None:
+            sampler.sample()
+            if at_first is None and steps_file.exists() and steps_file.stat().st_size:
+                at_first = sampler.totals()  # CPU spent until the first step (start-up included)
+            time.sleep(0.5)
+    if proc.returncode != 0:
+        raise SystemExit(f"meshrl run exited {proc.returncode}; see {work / 'meshrl.log'}:\n"
+                         + (work / "meshrl.log").read_text()[-3000:])
+    for line in steps_file.read_text().splitlines():
+        rec = json.loads(line)
+        result.history.append((rec["step"], rec["time"], rec["metrics"]["critic/score/mean"]))
+    if at_first is not None and len(result.history) > 1:
+        result.cpu_per_step = {k: (v - at_first.get(k, 0.0)) / (len(result.history) - 1)
+                               for k, v in sampler.totals().items()}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    result.validation = summary.get("val_score_end", math.nan)
+    return result
+
+
+# ----------------------------------------------------------------------------- TRL
+
+
+def run_trl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Namespace) -> Result:
+    """TRL in a process of its own, launched like meshrl's (its imports count)."""
+    cfg = {"job": asdict(job) | {"spec": str(job.spec)}, "model": str(warm), "train": str(data / "train.parquet"),
+           "test": str(work / "data-val" / "test.parquet"), "out": str(work / "trl"), "steps": args.steps,
+           "seed": args.seed}
+    cfg_path = work / "trl.json"
+    cfg_path.write_text(json.dumps(cfg))
+    result = Result("trl", time.time())
+    with open(work / "trl.log", "w") as log:
+        code = subprocess.run([sys.executable, __file__, "--trl-worker", str(cfg_path)], stdout=log,
+                              stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    if code != 0:
+        raise SystemExit(f"TRL exited {code}; see {work / 'trl.log'}:\n" + (work / "trl.log").read_text()[-3000:])
+    out = json.loads((work / "trl" / "result.json").read_text())
+    result.history = [tuple(h[:3]) for h in out["history"]]
+    result.validation = out["validation"]
+    if len(out["history"]) > 1:
+        result.cpu_per_step = {"trl": (out["history"][-1][3] - out["history"][0][3]) / (len(out["history"]) - 1)}
+    return result
+
+
+def trl_worker(cfg_path: str) -> int:
+    """Train with ``GRPOTrainer`` as the job says; write ``<out>/result.json``."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from reward_svc.scorers import default_compute_score
+
+    cfg = json.loads(Path(cfg_path).read_text())
+    job = Job(**cfg["job"])
+    out = Path(cfg["out"])
+    samples = job.batch * job.n
+
+    def reward(completions, data_source, reward_model, **_):
+        return [default_compute_score(src, c[0]["content"], rm["ground_truth"])
+                for c, src, rm in zip(completions, data_source, reward_model)]
+
+    history: list[tuple[int, float, float, float]] = []  # (step, time, reward, this process's CPU seconds)
+
+    class Steps(TrainerCallback):
+        """One log per generation (logging_steps = steps_per_generation): one RL step."""
+
+        def on_log(self, _args, state, _control, logs=None, **_):
+            if logs and "reward" in logs:
+                history.append((len(history) + 1, time.time(), float(logs["reward"]), time.process_time()))
+
+    tok = AutoTokenizer.from_pretrained(cfg["model"])
+    model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32, attn_implementation="sdpa")
+    config = GRPOConfig(
+        output_dir=str(out), seed=cfg["seed"], use_cpu=True, bf16=False, report_to=[], save_strategy="no",
+        disable_tqdm=True, logging_steps=job.mini_batches, max_steps=cfg["steps"] * job.mini_batches,
+        per_device_train_batch_size=samples // job.mini_batches, gradient_accumulation_steps=1,
+        steps_per_generation=job.mini_batches, num_generations=job.n, num_iterations=1,
+        max_completion_length=job.response, temperature=job.temperature, top_p=1.0, top_k=0,
+        learning_rate=job.lr, lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": job.min_lr_ratio}, warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
+        epsilon=job.clip, beta=0.0, loss_type="dapo", scale_rewards="group",
+    )
+    train = Dataset.from_parquet(cfg["train"])
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=train, processing_class=tok,
+                          callbacks=[Steps()])
+    trainer.train()
+    out.mkdir(parents=True, exist_ok=True)
+    val = greedy_validation(trainer.model, tok, cfg["test"], job.response)
+    (out / "result.json").write_text(json.dumps({"history": history, "validation": val}))
+    return 0
+
+
+def greedy_validation(model, tok, test_parquet: str, max_new_tokens: int) -> float:
+    """Mean score of greedy answers to the test prompts (meshrl's validation: greedy, n=1)."""
+    import torch
+    from datasets import Dataset
+
+    from reward_svc.scorers import default_compute_score
+
+    rows = Dataset.from_parquet(test_parquet)
+    tok.padding_side = "left"
+    texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    model.eval()
+    with torch.no_grad():
+        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+    answers = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    scores = [default_compute_score(r["data_source"], a, r["reward_model"]["ground_truth"]) for r, a in zip(rows, answers)]
+    return sum(scores) / len(scores)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def prepare(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
+    """The quick start's model, data and warm start (shared by both systems), and the first
+    ``--val`` test prompts as the validation set."""
+    from services.cli.quickstart import prepare as prepare_quickstart
+    from services.data.files import read_rows
+    from services.data.parquet import write_rows
+
+    warm, data, _ = prepare_quickstart(work, args.seed, args.warm_steps, log=lambda line: print(line, flush=True))
+    write_rows(read_rows(data / "test.parquet")[: args.val], work / "data-val" / "test.parquet")
+    return warm, data
+
+
+def report(r: Result, target: float) -> str:
+    step, secs = r.reached(target)
+    cpu = ",".join(f"{k}:{v:.2f}" for k, v in sorted(r.cpu_per_step.items()))
+    return (f"{r.system:6s} first_step_s={r.first_step_s():.1f} s_per_step={r.s_per_step():.2f} "
+            f"target_step={step if step is not None else 'n/a'} target_s={secs:.1f} steps={len(r.history)} "
+            f"final_reward={r.final_reward():.3f} validation={r.validation:.3f} cpu_s_per_step={cpu or 'n/a'}")
+
+
+def main() -> int:
+    args = parse_args()
+    if args.trl_worker:
+        return trl_worker(args.trl_worker)
+    job = JOBS[args.job]
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="meshrl-vs-trl-"))
+    work.mkdir(parents=True, exist_ok=True)
+    warm, data = prepare(work, args)
+    runners = {"trl": run_trl, "meshrl": run_meshrl}
+    results: dict[str, Result] = {}
+    for name in [s.strip() for s in args.systems.split(",") if s.strip()]:
+        print(f"running {name} ({args.steps} steps); load {os.getloadavg()[0]:.2f}", flush=True)
+        results[name] = runners[name](job, work, warm, data, args)
+        print(report(results[name], args.target), flush=True)
+    (work / "results.json").write_text(json.dumps({k: asdict(v) for k, v in results.items()}, indent=1))
+    if set(results) != {"trl", "meshrl"}:
+        print(f"results in {work / 'results.json'} (the ratio line needs both systems)")
+        return 0
+    m, t = results["meshrl"], results["trl"]
+    ratio = m.reached(args.target)[1] / t.reached(args.target)[1]
+    print(f"load {os.getloadavg()[0]:.2f}; results in {work / 'results.json'}")
+    print(f"vs_trl time_to_target_ratio={ratio:.3f} s_per_step_ratio={m.s_per_step() / t.s_per_step():.3f} "
+          f"first_step_ratio={m.first_step_s() / t.first_step_s():.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
