@@ -32,6 +32,7 @@ class StatusBoard:
         self.queues: dict[str, int] = {}  # stream -> depth, as last read
         self.prompts_fed: int | None = None
         self.metrics_url: str | None = None
+        self.weights: dict[str, Any] = {}  # per replica the version it serves and its role; the canary gate
         self.control = ControlMetrics()
         self._t0 = time.monotonic()
 
@@ -88,6 +89,7 @@ class StatusBoard:
             "ledger": self.ledger.as_dict(), "restarts": restarts,
             "ledger_stages": self.control.ledger_counts(), "stalled": self.stalled,
             "services": self.mesh.describe(), "launcher": self.spec.services.launcher,
+            "weights": self.weights,
         }
 
     def write(self) -> None:
