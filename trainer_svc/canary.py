@@ -204,6 +204,7 @@ class CanaryGate:
         c = self.candidate
         assert c is not None
         items = list(c.held.values())
+        c.held.clear()  # dropped by the caller, not released
         self.decide({"version": c.version, "promoted": False, "reason": "; ".join(reasons),
                      "measurements": measurements})
         return items

@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 class PendingBatch:
     """A training batch plus what must happen to its sources once the step commits.
 
-    ``data``: the collated batch (``B`` samples). ``items``: leased queue items to ack.
+    ``data``: the collated batch (``B`` samples); None when the canary gate decided at the
+    intake and there is nothing to train (see ``QueueIntake.next_batch``). ``items``: leased queue items to ack.
     ``dropped_ids``: sample ids dropped (stale or failed) from items being acked with it.
     ``staleness``: ``current_version - policy_version`` per trained sample.
     ``cursor``: source position after this batch (synthetic: the step number).
@@ -60,7 +61,7 @@ class PendingBatch:
     ``removed``: rows of ``data`` the step left out (see :meth:`remove`).
     """
 
-    data: DataProto
+    data: DataProto | None
     items: list[Any] = field(default_factory=list)
     dropped_ids: list[str] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
@@ -251,6 +252,13 @@ class QueueIntake:
         Returns ``None`` when ``should_stop()`` turns true (leased items stay unacked and
         are delivered again later). Raises ``TimeoutError`` after ``timeout`` seconds
         without a full batch (the leased items likewise stay unacked).
+
+        Canary mode: once enough of the candidate's samples were seen, the batch is closed
+        with its held groups in it, however few groups it has (held samples count against
+        the feeder's admission bound: waiting for more could wait for ever); a candidate
+        rejected here for its error rate or reward returns a batch without ``data`` (its
+        groups go back to the backlog): the trainer then offers its current weights as the
+        next candidate before it leases again.
         """
         t0 = time.monotonic()
         deadline = t0 + timeout
@@ -261,7 +269,7 @@ class QueueIntake:
         staleness: list[int] = []
         counts = {"dropped_stale": 0, "dropped_error": 0, "scored_failed": 0, "dropped_rejected": 0}
         judging: dict[str, Any] | None = None  # canary mode: the candidate this batch judges
-        while len(groups) < self.train_batch_size:
+        while len(groups) < self.train_batch_size and not (judging is not None and groups):
             if should_stop():
                 return None
             if time.monotonic() > deadline:
@@ -276,7 +284,10 @@ class QueueIntake:
             if self.gate is not None:
                 self._backlog.extend(self.gate.take_released())  # held items whose version was decided
                 if judging is None and self.gate.ready():
-                    got, judging = await self._judge_candidate()
+                    got, judging = await self._judge_candidate(want)
+                    if judging is None:  # rejected at the intake: let the trainer offer a new candidate
+                        self._backlog[:0] = items
+                        return PendingBatch(data=None, cursor=self.counters.batches, wait_seconds=time.monotonic() - t0)
             if not got and self._backlog:
                 got, self._backlog = self._backlog[:want], self._backlog[want:]
             elif not got:
@@ -296,7 +307,7 @@ class QueueIntake:
                     # trained before the checkpoint this trainer resumed from, not yet acked
                     await self.queue.ack(item, stage="trained")
                     continue
-                judged = judging["version"] if judging is not None and item.id in judging["ids"] else None
+                judged = judging["version"] if judging is not None else None  # (its rows are kept however stale)
                 if judged is None and self.gate is not None and self._hold(item, data):
                     continue
                 try:
@@ -356,7 +367,7 @@ class QueueIntake:
         gate.observe_promoted(errors[ok], scores[ok])
         return False
 
-    async def _judge_candidate(self) -> tuple[list[Any], dict[str, Any] | None]:
+    async def _judge_candidate(self, room: int) -> tuple[list[Any], dict[str, Any] | None]:
         """Enough samples of the candidate were seen: reject it at once when its error rate
         or reward is out of bounds (its held items are dropped), else take its held groups
         for this batch, whose step judges the log-prob gap. Returns (items to screen into
@@ -370,8 +381,8 @@ class QueueIntake:
                 self.counters.dropped_rejected += n
                 await self.queue.ack(item, stage="dropped")
             return [], None
-        items, spec = gate.take_for_judging(max(1, self.train_batch_size // 2))
-        return items, {"version": spec["version"], "ids": {it.id for it in items}, "spec": spec}
+        items, spec = gate.take_for_judging(room)
+        return items, {"version": spec["version"], "spec": spec}
 
     async def commit(self, pending: PendingBatch, applied: bool = True) -> None:
         """The step that used ``pending`` is committed: ack its items and record ledger

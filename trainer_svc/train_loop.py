@@ -127,6 +127,7 @@ class TrainerService:
         self.on_ready = on_ready  # called once, when ready (rank 0 announces readiness)
         self.last_result: StepResult | None = None
         self._consecutive_nonfinite = 0
+        self._offered = -1  # the newest version given to the publisher
         self._loop = asyncio.new_event_loop() if ctx.rank == 0 else None
         self._t_start = time.monotonic()
         self._t_wait = 0.0
@@ -177,6 +178,10 @@ class TrainerService:
             self.on_ready()
         while True:
             control, batch, pending = self._next_command()
+            if control["cmd"] in ("publish", "wait"):  # canary mode: no step (rank 0 alone sees "wait")
+                if control["cmd"] == "publish":
+                    self._publish()
+                continue
             if control["cmd"] == "stop":
                 if control.get("checkpoint", True) and self.step_no > self._saved_step:
                     self._save()
@@ -223,6 +228,8 @@ class TrainerService:
         elif self.gate is not None and self.gate.failed:
             logger.error("%s; stopping (weights.rollout.on_reject=fail)", self.gate.failed)
             control = {"cmd": "stop", "checkpoint": True, "code": REJECT_EXIT_CODE}
+        elif self._offer_due():
+            control = {"cmd": "publish"}
         else:
             t0 = time.perf_counter()
             last_beat = [time.monotonic()]
@@ -251,6 +258,8 @@ class TrainerService:
                 pending, control = None, {"cmd": "stop", "checkpoint": True, "code": 4}
             else:
                 control = {"cmd": "train"} if pending is not None else {"cmd": "stop", "checkpoint": True}
+                if pending is not None and pending.data is None:  # the gate decided at the intake
+                    pending, control = None, {"cmd": "publish" if self._offer_due() else "wait"}
                 if pending is not None and getattr(self.source, "needs_checkpoint", lambda: False)():
                     control["save"] = True
                 if pending is not None and self.gate is not None:
@@ -264,6 +273,11 @@ class TrainerService:
         batch = pending.data if pending is not None else None
         broadcast_message(control, batch, group=self.ctx.cpu_group)
         return control, batch, pending
+
+    def _offer_due(self) -> bool:
+        """Rank 0, canary mode: the gate takes a candidate and the trainer's current weights
+        were never offered (versions made while a candidate was under test are not gathered)."""
+        return self.gate is not None and self.gate.rollout.wants_next() and self.worker.version > self._offered
 
     def _wait_resumed(self, heartbeat: Callable[[], None]) -> None:
         """Rank 0, canary mode: the rollout is paused after a rejection; train nothing until
@@ -287,6 +301,7 @@ class TrainerService:
         """Gather full parameters (all ranks); rank 0 streams them to the publisher."""
         if self.spec.weights is None:
             return
+        self._offered = self.worker.version
         it = self.worker.full_params()
         if self.ctx.rank != 0:
             for _ in it:
