@@ -402,6 +402,8 @@ class TrainerService:
                 "skipped_steps": result.skipped_steps, "samples": result.samples,
                 "staleness": pending.staleness, "seconds": seconds, "metrics": m,
             }
+            if result.canary is not None:  # the canary gate's verdict on a candidate, with its measurements
+                line["canary"] = result.canary
             with open(self.spec.trainer.metrics_file, "a") as f:
                 f.write(json.dumps(line) + "\n")
         mt = self.metrics
