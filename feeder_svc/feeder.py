@@ -11,6 +11,7 @@ and :class:`feeder_svc.loop.FeedLoop` asks it before every :meth:`PromptFeeder.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -63,17 +64,20 @@ class PromptFeeder:
         """The uid of every prompt fed so far, in feeding order."""
         return list(fed_uids(self.job, len(self.dataset), self.state.fed, shuffle=self.shuffle, seed=self.seed))
 
-    async def put(self, count: int, timeout: float = 30.0) -> int:
+    async def put(self, count: int, timeout: float = 30.0,
+                  on_put: Callable[[list[str]], None] | None = None) -> int:
         """Put the next ``count`` prompts (in chunks of ``put_batch``); returns how many went out.
-        A chunk that fails is not fed: the same prompts go next time (the error propagates)."""
+        ``on_put`` gets the uids of each chunk once it is on the stream. A chunk that fails is
+        not fed: the same prompts go next time (the error propagates)."""
         put = 0
         while put < count:
             k = min(count - put, self.put_batch)
             before = FeedPosition(**asdict(self.state))
-            items = []
+            items, uids = [], []
             for _ in range(k):
                 row, epoch = self._next_row()
-                items.append(prompt_item(row, uid=self.uid(epoch, row["index"]), n=self.n, epoch=epoch))
+                uids.append(self.uid(epoch, row["index"]))
+                items.append(prompt_item(row, uid=uids[-1], n=self.n, epoch=epoch))
             try:
                 await self.queue.put(items, timeout=timeout, stage="queued")
             except BaseException:
@@ -82,6 +86,8 @@ class PromptFeeder:
                 raise
             self.state.fed += k
             self._save()
+            if on_put is not None:
+                on_put(uids)
             put += k
         return put
 

@@ -1,12 +1,14 @@
 """The feeding loop: the one place prompts are put on the ``prompts`` stream.
 
-Every round it reads how many prompts the trainer has finished (its ``/metrics``), asks the
-admission rule (:mod:`feeder_svc.admission`) how many may go out, puts them, and exports
-its counters and the streams' depths. With ``async.mode=sync`` it also reads the served
-version of every replica, and between rounds it watches the trainer's step file (a line
-per committed step, when the view names one) so the next batch goes out as soon as a step
-has ended and the replicas serve its version, not a poll interval later: the synchronous
-baseline is not charged for the feeder's poll.
+Every round it asks the queue's sample ledger which of the prompts in flight have finished
+(:class:`feeder_svc.in_flight.InFlight`; the first round rebuilds that set from every prompt
+ever fed, so a resumed job or a restarted feeder starts from the truth), asks the admission
+rule (:mod:`feeder_svc.admission`) how many may go out, puts them, and exports its counters
+and the streams' depths. With ``async.mode=sync`` it also reads the trainer's version and
+the served version of every replica, and between rounds it watches the trainer's step file
+(a line per committed step, when the view names one) so the next batch goes out as soon as
+a step has ended and the replicas serve its version, not a poll interval later: the
+synchronous baseline is not charged for the feeder's poll.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from feeder_svc.admission import finished_prompts, room
+from feeder_svc.admission import room
 from feeder_svc.feeder import PromptFeeder
+from feeder_svc.in_flight import InFlight
 from feeder_svc.metrics import FeederMetrics
 from services.metrics.scrape import scrape
 
@@ -38,10 +41,10 @@ class FeedLoop:
         self.emit = emit
         self.limit = view.max_in_flight
         self.sync = view.async_.mode == "sync"
-        self.finished: int | None = None  # None until the trainer answered
+        self.in_flight = InFlight(feeder.queue, view.rollout.n)
         self.trainer_version: float | None = None
         self.depths: dict[str, int] = {}
-        self.ready = False  # the first round reached the trainer
+        self.ready = False  # the in-flight set was rebuilt from the ledger
         step_file = getattr(view, "trainer_metrics_file", None)
         self._step_file = Path(step_file) if step_file else None
 
@@ -49,34 +52,47 @@ class FeedLoop:
 
     async def _read_trainer(self) -> None:
         t = await asyncio.to_thread(scrape, self.view.trainer_metrics_url)
-        finished = finished_prompts(t, self.view.rollout.n)
-        if finished is not None:
-            self.finished, self.trainer_version = finished, t.get("meshrl_trainer_policy_version")
+        if "meshrl_trainer_policy_version" in t:
+            self.trainer_version = t["meshrl_trainer_policy_version"]
 
     async def _replicas_current(self) -> bool:
-        if not self.sync:
-            return True
         served = await asyncio.gather(*(asyncio.to_thread(scrape, u) for u in self.view.rollout_metrics_urls))
         return self.trainer_version is not None and all(
             s.get("meshrl_rollout_served_version") == self.trainer_version for s in served)
 
-    async def round(self, *, read_trainer: bool = True) -> int:
-        """Top the stream up once; returns how many prompts were put."""
-        if read_trainer:
+    async def _refresh(self) -> bool:
+        """Bring the in-flight set up to date with the ledger (the first time: rebuild it from
+        every prompt fed); False when the queue could not be read (nothing is fed then)."""
+        try:
+            if self.ready:
+                await self.in_flight.refresh()
+            else:
+                await self.in_flight.rebuild(self.feeder.fed_uids())
+                if self.feeder.state.fed:
+                    self.emit(f"feeder: {len(self.in_flight)} of the {self.feeder.state.fed} prompts fed before "
+                              "are still in flight (from the queue's ledger)")
+                self.ready = True
+        except Exception as exc:  # noqa: BLE001 - a queue outage: the next round asks again
+            self.emit(f"feeder: reading the ledger failed, retrying: {type(exc).__name__}: {exc}")
+            return False
+        if self.sync:
             await self._read_trainer()
-        if self.finished is None:  # the trainer is down or restarting: nobody knows what finished
+        return True
+
+    async def round(self, *, refresh: bool = True) -> int:
+        """Top the stream up once; returns how many prompts were put."""
+        if refresh and not await self._refresh():
             return 0
-        self.ready = True
-        fed = self.feeder.state.fed
-        want = room(limit=self.limit, fed=fed, finished=self.finished, sync=self.sync,
+        want = room(limit=self.limit, in_flight=len(self.in_flight), sync=self.sync,
                     replicas_current=await self._replicas_current() if self.sync else True)
-        put = 0
+        before = self.feeder.state.fed
         if want:
             try:
-                put = await self.feeder.put(want, timeout=min(5.0, self.view.queues.put_timeout_s))
-            except Exception as exc:  # noqa: BLE001 - a queue outage: the same prompts go next round
+                await self.feeder.put(want, timeout=min(5.0, self.view.queues.put_timeout_s), on_put=self.in_flight.add)
+            except Exception as exc:  # noqa: BLE001 - a queue outage: the prompts not put go next round
                 self.emit(f"feeder: put failed, retrying: {type(exc).__name__}: {exc}")
-        self.metrics.fed(put, self.feeder.state.fed, self.finished, self.limit)
+        put = self.feeder.state.fed - before
+        self.metrics.fed(put, len(self.in_flight), self.limit)
         return put
 
     async def read_depths(self) -> None:
@@ -107,27 +123,28 @@ class FeedLoop:
 
     async def _sync_wait(self, budget_s: float, should_stop: Callable[[], bool], tick_s: float = 0.05) -> None:
         """``async.mode=sync`` between two rounds: while a batch is out, only stat the
-        trainer's step file; once a step line appears, read the trainer; once the batch is
-        finished, poll the replicas until they serve its version, then feed."""
+        trainer's step file; once a step line appears, ask the ledger and the trainer; once
+        the batch is finished, poll the replicas until they serve its version, then feed."""
         end = time.monotonic() + budget_s
         seen = self._step_file_size()
         while time.monotonic() < end and not should_stop():
-            if self.finished is None or self.feeder.state.fed > self.finished:  # the batch is out
+            if not self.ready or len(self.in_flight):  # the batch is out
                 size = self._step_file_size()
                 if size == seen:
                     await asyncio.sleep(tick_s)
                     continue
-                seen = size  # a step line: its counters follow at once
-                await self._read_trainer()
+                seen = size  # a step line: its ledger stages are written before it
+                await self._refresh()
                 continue
-            if await self.round(read_trainer=False):
+            if await self.round(refresh=False):
                 return
             await asyncio.sleep(tick_s)
 
     def status(self) -> dict[str, Any]:
         """What ``/status`` answers."""
         s = self.feeder.state
-        in_flight = None if self.finished is None else s.fed - self.finished
+        in_flight = len(self.in_flight) if self.ready else None
         return {"service": "feeder", "ready": self.ready, "prompts_fed": s.fed, "epoch": s.epoch,
-                "position": s.cursor, "finished": self.finished, "in_flight": in_flight,
+                "position": s.cursor, "finished": None if in_flight is None else s.fed - in_flight,
+                "in_flight": in_flight,
                 "max_in_flight": self.limit, "sync": self.sync, "queues": dict(self.depths)}

@@ -26,9 +26,9 @@ class FeederMetrics:
             "meshrl_feeder_max_in_flight_prompts", "Admission bound: prompts in flight at most", registry=r
         )
 
-    def fed(self, put: int, fed_total: int, finished: int, bound: int) -> None:
-        """After a round: ``put`` new prompts, ``fed_total`` so far, ``finished`` done."""
+    def fed(self, put: int, in_flight: int, bound: int) -> None:
+        """After a round: ``put`` new prompts, ``in_flight`` now."""
         if put > 0:
             self.prompts_fed.inc(put)
-        self.in_flight.set(max(0, fed_total - finished))
+        self.in_flight.set(in_flight)
         self.max_in_flight.set(bound)

@@ -1,11 +1,11 @@
 """The feeder process: ``python -m feeder_svc --config feeder.yaml [--state FILE] [--poll S] [a.b=c ...]``.
 
 It reads its view (:class:`services.config.views.FeederView`), tokenizes the training data,
-serves ``/health``, ``/ready`` (once the trainer has answered), ``/metrics`` and ``/status``,
-announces readiness with the one ``MESHRL_READY {...}`` line and runs the feeding loop
-(:class:`feeder_svc.loop.FeedLoop`) until SIGTERM. ``trainer_metrics_url`` names the
-trainer's ``/metrics`` (finished prompts are counted from it); with ``async.mode=sync``,
-``rollout_metrics_urls`` names every replica's.
+serves ``/health``, ``/ready`` (once it knows from the queue's ledger which prompts fed
+before are still in flight), ``/metrics`` and ``/status``, announces readiness with the one
+``MESHRL_READY {...}`` line and runs the feeding loop (:class:`feeder_svc.loop.FeedLoop`)
+until SIGTERM. With ``async.mode=sync``, ``trainer_metrics_url`` names the trainer's
+``/metrics`` (its policy version) and ``rollout_metrics_urls`` every replica's.
 
 With ``--state FILE`` (``meshrl run`` passes ``<run_dir>/feeder.json``; on a volume under
 compose or Kubernetes) the position is kept there, so a restarted feeder goes on with the
@@ -29,10 +29,13 @@ def build_parser():
 
 
 def _check(view) -> str | None:
+    if view.async_.mode != "sync":
+        return None
     if not view.trainer_metrics_url:
-        return ("trainer_metrics_url is not set (the job's services.trainer.metrics_port is 0); set "
-                "services.trainer.metrics_port in the job, or pass trainer_metrics_url=http://HOST:PORT/metrics")
-    if view.async_.mode == "sync" and not view.rollout_metrics_urls:
+        return ("async.mode=sync paces batches on the trainer's version: trainer_metrics_url is not set (the "
+                "job's services.trainer.metrics_port is 0); set services.trainer.metrics_port in the job, or pass "
+                "trainer_metrics_url=http://HOST:PORT/metrics")
+    if not view.rollout_metrics_urls:
         return ("async.mode=sync paces batches on the replicas' served version: set "
                 "rollout_metrics_urls=[http://REPLICA:PORT/metrics, ...] (every replica)")
     return None

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from reward_svc.sandbox.pool import SandboxStartError
+    from services.sandbox.process import SandboxStartError
 
     try:
         return asyncio.run(_serve(args, view))

@@ -1,6 +1,7 @@
 """The one command-line shape of meshrl's services, parsed before anything heavy is imported.
 
     python -m trainer_svc | rollout_svc | reward_svc | feeder_svc --config VIEW.yaml [--id ID] [--log-level L] [a.b=c ...]
+    meshrl-trainer | meshrl-rollout | meshrl-reward | meshrl-feeder ...    (the same, as console scripts)
     python -m feeder_svc --config feeder.yaml [--state FILE] ...
 
 ``--config`` is the service's view (``meshrl views JOB.yaml --out DIR`` writes them;
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from services.config.loader import ConfigError, is_override
@@ -21,8 +23,11 @@ V = TypeVar("V")
 
 
 def service_parser(service: str, description: str, default_id: str | None = None) -> argparse.ArgumentParser:
-    """The parser every service starts from (add service-specific flags to it)."""
-    p = argparse.ArgumentParser(prog=f"python -m {service}_svc", description=description)
+    """The parser every service starts from (add service-specific flags to it). Its usage
+    line names the command that ran: the console script ``meshrl-<service>`` or ``python -m``."""
+    script = f"meshrl-{service}"
+    prog = script if Path(sys.argv[0]).name == script else f"python -m {service}_svc"
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--config", required=True, help=f"the {service} view YAML (`meshrl views JOB.yaml --out DIR`)")
     p.add_argument("--id", default=default_id,
                    help=f"this instance's name: consumer name on its stream, id in its readiness line (default {default_id})")

@@ -25,9 +25,11 @@ def parse_args(argv: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer_svc`` and the ``meshrl-trainer`` console script."""
     from services.config.views import TrainerView
     from services.entrypoint import load_view_or_exit, pin_or_exit
 
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the ranks inherit it
     args = parse_args(argv)
     spec = load_view_or_exit(TrainerView, args, "trainer")
     if not args.as_rank:
@@ -43,5 +45,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

@@ -15,8 +15,13 @@ Two sources share one interface (``next_batch`` / ``commit`` / ``state``):
   checkpoint holds that step (:meth:`QueueIntake.acks_due`), so a hard kill never loses a
   trained step nor trains an item twice: on restart, held items the checkpoint already
   covers are acked without training, the rest are trained again from the checkpoint.
-  Ledger stage ``trained``; dropped samples are recorded as ``dropped``. An item all of
-  whose samples were dropped is acked at once (there is nothing to train).
+  Ledger stage ``trained`` as soon as the step commits (its ack may wait for the checkpoint);
+  dropped samples are recorded as ``dropped``. An item all of whose samples were dropped (or
+  that cannot be trained on at all) gets ``dropped`` in the ledger at once, but is counted
+  and acked with the step being assembled, like the others: its drops are then in exactly
+  the checkpoints that acked it, so a trainer restored from an earlier checkpoint screens it
+  again instead of forgetting it was ever dropped (acked at once, its count would die with
+  the process while the item was gone from the stream).
   With the canary gate (``weights.rollout.mode: canary``, :mod:`trainer_svc.canary`) the
   samples of the candidate version under test are held -- neither trained nor acked --
   until enough were seen; then they are judged in a batch, and trained only if the version
@@ -50,8 +55,10 @@ class PendingBatch:
     """A training batch plus what must happen to its sources once the step commits.
 
     ``data``: the collated batch (``B`` samples); None when the canary gate decided at the
-    intake and there is nothing to train (see ``QueueIntake.next_batch``). ``items``: leased queue items to ack.
-    ``dropped_ids``: sample ids dropped (stale or failed) from items being acked with it.
+    intake and there is nothing to train (see ``QueueIntake.next_batch``). ``items``: leased
+    queue items to ack.
+    ``dropped_items``: leased items none of whose samples is trained (acked as ``dropped``).
+    ``dropped_ids``: sample ids dropped (stale or failed) from ``items``.
     ``staleness``: ``current_version - policy_version`` per trained sample.
     ``cursor``: source position after this batch (synthetic: the step number).
     ``dropped_stale`` / ``dropped_error`` / ``scored_failed``: sample counts of the items
@@ -63,6 +70,7 @@ class PendingBatch:
 
     data: DataProto | None
     items: list[Any] = field(default_factory=list)
+    dropped_items: list[Any] = field(default_factory=list)
     dropped_ids: list[str] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
     cursor: int = 0
@@ -180,14 +188,16 @@ class QueueIntake:
         self.queue = queue
         self.gate = gate  # trainer_svc.canary.CanaryGate in canary mode
         self.defer_acks = defer_acks
-        self._held: list[tuple[Any, str]] = []  # (item, ledger stage) trained, acked at the next checkpoint
+        self._held: list[tuple[Any, str]] = []  # (item, ledger stage) of committed steps, acked at the next checkpoint
         self._held_ids: set[str] = set()
         self._held_dropped: list[str] = []
-        self._covered: set[str] = set()  # sample ids the restored checkpoint already trained
+        self._covered: set[str] = set()  # sample ids of steps the restored checkpoint holds
         self.train_batch_size = train_batch_size
         self.max_staleness = max_staleness
         self.poll_s = poll_s
         self.counters = IntakeCounters()
+        #: dropped items one batch holds at most before they are acked at once (see _drop_now)
+        self._drops_held_max = max(train_batch_size, self._max_depth() // 4)
         self._recovered = False
         self._backlog: list[Any] = []
 
@@ -264,10 +274,12 @@ class QueueIntake:
         deadline = t0 + timeout
         groups: list[DataProto] = []
         items: list[Any] = []
+        dropped_items: list[Any] = []  # nothing of them is trained: acked as dropped with the step
         taken: set[Any] = set()  # entry ids in this batch
         dropped_ids: list[str] = []
         staleness: list[int] = []
         counts = {"dropped_stale": 0, "dropped_error": 0, "scored_failed": 0, "dropped_rejected": 0}
+        held_drops = {"dropped_stale": 0, "dropped_error": 0, "dropped_rejected": 0}  # of dropped_items
         judging: dict[str, Any] | None = None  # canary mode: the candidate this batch judges
         while len(groups) < self.train_batch_size and not (judging is not None and groups):
             if should_stop():
@@ -286,7 +298,7 @@ class QueueIntake:
                 if judging is None and self.gate.ready():
                     got, judging = await self._judge_candidate(want)
                     if judging is None:  # rejected at the intake: let the trainer offer a new candidate
-                        self._backlog[:0] = items
+                        self._backlog[:0] = items + dropped_items  # screened again next time
                         return PendingBatch(data=None, cursor=self.counters.batches, wait_seconds=time.monotonic() - t0)
             if not got and self._backlog:
                 got, self._backlog = self._backlog[:want], self._backlog[want:]
@@ -304,8 +316,9 @@ class QueueIntake:
                 if ids and ids[0] in self._held_ids:
                     continue  # trained, ack held until the next checkpoint; redelivered after idling
                 if ids and all(i in self._covered for i in ids):
-                    # trained before the checkpoint this trainer resumed from, not yet acked
-                    await self.queue.ack(item, stage="trained")
+                    # in a step before the checkpoint this trainer resumed from, not yet acked;
+                    # its ledger stages were recorded when that step committed
+                    await self.queue.ack(item)
                     continue
                 judged = judging["version"] if judging is not None else None  # (its rows are kept however stale)
                 if judged is None and self.gate is not None and self._hold(item, data):
@@ -314,14 +327,17 @@ class QueueIntake:
                     keep, lag, n_stale, n_err, n_failed, n_rej = self._screen(data, current_version, judged)
                 except ValueError as exc:
                     logger.error("intake: dropping item %s: %s", item.id, exc)
-                    self.counters.dropped_error += len(data)
-                    await self.queue.ack(item, stage="dropped")
-                    continue
-                if not bool(keep.any()):
-                    self.counters.dropped_stale += n_stale
-                    self.counters.dropped_error += n_err
-                    self.counters.dropped_rejected += n_rej
-                    await self.queue.ack(item, stage="dropped")
+                    keep, n_stale, n_err, n_rej = None, 0, len(data), 0
+                if keep is None or not bool(keep.any()):
+                    if ids:
+                        await self.queue.record_stage(ids, "dropped")  # finished, for the feeder's admission
+                    dropped_items.append(item)
+                    taken.add(item.id)
+                    held_drops["dropped_stale"] += n_stale
+                    held_drops["dropped_error"] += n_err
+                    held_drops["dropped_rejected"] += n_rej
+                    if len(dropped_items) >= self._drops_held_max:
+                        await self._drop_now(dropped_items, held_drops)
                     continue
                 counts["dropped_stale"] += n_stale
                 counts["dropped_error"] += n_err
@@ -333,11 +349,14 @@ class QueueIntake:
                 dropped_ids.extend(ids[i] for i in range(len(ids)) if not bool(keep[i]))
                 staleness.extend(lag)
         batch = collate_groups(groups)
+        for key, v in held_drops.items():
+            counts[key] += v
         if judging is not None:
             batch.meta_info[canary.META_KEY] = judging["spec"]
         return PendingBatch(
             data=batch,
             items=items,
+            dropped_items=dropped_items,
             dropped_ids=dropped_ids,
             staleness=staleness,
             cursor=self.counters.batches + 1,
@@ -389,21 +408,44 @@ class QueueIntake:
         stages -- ``trained``, or ``nonfinite`` when the step was skipped for a NaN/inf
         loss (the samples were consumed but did not change the weights)."""
         stage = "trained" if applied else "nonfinite"
-        if pending.items and self.defer_acks:
-            for item in pending.items:
-                self._held.append((item, stage))
+        if self.defer_acks:
+            for item, st in [(it, stage) for it in pending.items] + [(it, "dropped") for it in pending.dropped_items]:
+                self._held.append((item, st))
                 self._held_ids.update(str(s) for s in item.sample_ids)
             self._held_dropped.extend(pending.dropped_ids)
-        elif pending.items:
-            await self.queue.ack(pending.items, stage=stage)
+            # the ledger says so now, not at the checkpoint: the feeder's admission counts a
+            # prompt finished from its samples' stages (feeder_svc/in_flight.py)
+            if pending.items:
+                await self.queue.record_stage([str(s) for item in pending.items for s in item.sample_ids], stage)
+        else:
+            if pending.items:
+                await self.queue.ack(pending.items, stage=stage)
+            if pending.dropped_items:
+                await self.queue.ack(pending.dropped_items, stage="dropped")
         if pending.dropped_ids:  # after the ack, which marks every row of its items
             await self.queue.record_stage(pending.dropped_ids, "dropped")
         _count(self.counters, pending, applied, len(pending.items))
 
+    async def _drop_now(self, dropped_items: list[Any], held_drops: dict[str, int]) -> None:
+        """Ack and count the dropped items held for the step now: a long run of groups with
+        nothing to train (a replica far behind) must not fill the stream with held leases.
+        Counts made here die with the process if it is killed before the next checkpoint."""
+        logger.warning("intake: %d groups in a row had nothing to train; acking them as dropped now",
+                       len(dropped_items))
+        await self.queue.ack(list(dropped_items), stage="dropped")
+        self.counters.dropped_stale += held_drops["dropped_stale"]
+        self.counters.dropped_error += held_drops["dropped_error"]
+        self.counters.dropped_rejected += held_drops["dropped_rejected"]
+        dropped_items.clear()
+        held_drops.update(dropped_stale=0, dropped_error=0, dropped_rejected=0)
+
+    def _max_depth(self) -> int:
+        return getattr(getattr(self.queue, "cfg", None), "max_depth", 1 << 30)
+
     def needs_checkpoint(self) -> bool:
         """True when the items held for the next checkpoint, with one more batch, would
         reach half the stream's ``max_depth``: the producers would block on them."""
-        limit = max(self.train_batch_size, getattr(getattr(self.queue, "cfg", None), "max_depth", 1 << 30) // 2)
+        limit = max(self.train_batch_size, self._max_depth() // 2)
         return self.defer_acks and len(self._held) + self.train_batch_size >= limit
 
     async def acks_due(self) -> None:
@@ -411,7 +453,7 @@ class QueueIntake:
         held, self._held = self._held, []
         dropped, self._held_dropped = self._held_dropped, []
         self._held_ids.clear()
-        for stage in ("trained", "nonfinite"):
+        for stage in ("trained", "nonfinite", "dropped"):
             items = [it for it, st in held if st == stage]
             if items:
                 await self.queue.ack(items, stage=stage)

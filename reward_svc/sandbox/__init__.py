@@ -1,6 +1,6 @@
 """Sandboxed execution of user reward functions in a pool of worker processes.
 
-:mod:`.protocol` frames JSON messages on pipes, :mod:`.worker` is the child process
-(limits, network namespace, the call loop), :mod:`.pool` is the parent side (deadlines,
-replacement of dead or stuck workers, result validation).
+:mod:`.worker` is the child process (the call loop around the user's function), :mod:`.pool`
+the service side (deadlines, replacement of dead or stuck workers, result validation). The
+isolation itself (pipes, limits, network namespace) is the shared :mod:`services.sandbox`.
 """

@@ -1,4 +1,4 @@
-"""The service side of the sandbox: a pool of worker processes with deadlines.
+"""The reward service's side of the sandbox: a pool of reward-function workers with deadlines.
 
     pool = SandboxPool(SandboxSpec(path="my_reward.py", name="compute_score", num_workers=2))
     pool.start()
@@ -12,31 +12,26 @@ gets a :class:`CallResult` with score 0.0 and the error; the worker's process gr
 killed, a fresh worker is started, and the chunk's remaining items go back to the queue.
 No item is lost and none waits longer than its own deadline plus one worker restart.
 Every result is validated here: scores must be finite numbers, dict extras plain scalars.
+Each worker is a :class:`services.sandbox.process.SandboxProcess` (the isolation shared
+with the rollout's tools) running :mod:`reward_svc.sandbox.worker`.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import queue
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from reward_svc.sandbox.protocol import ChannelClosed, ChannelError, ChannelTimeout, Reader, pack, write_all
+from services.sandbox.process import SandboxProcess, SandboxStartError
+from services.sandbox.protocol import ChannelClosed, ChannelError, ChannelTimeout, pack
 
 ErrorKind = Literal["exception", "timeout", "crash", "memory", "invalid"]
-
-
-class SandboxStartError(RuntimeError):
-    """A worker could not start (bad function path, import error, start deadline)."""
 
 
 @dataclass
@@ -92,71 +87,6 @@ def validate_result(value: Any, max_extra: int) -> CallResult:
     if not math.isfinite(score):
         return CallResult(0.0, error=f"score is not finite: {score}", kind="invalid")
     return CallResult(score, extra=extra)
-
-
-#: Environment variables a worker inherits; everything else (credentials such as a Redis
-#: password variable, tokens) stays in the service. ``MESHRL_REWARD_*`` is passed for users.
-_ENV_KEEP = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHASHSEED")
-
-
-def worker_env(parent: Mapping[str, str]) -> dict[str, str]:
-    """The scrubbed environment of a sandbox worker."""
-    env = {k: v for k, v in parent.items() if k in _ENV_KEEP or k.startswith(("LC_", "MESHRL_REWARD_"))}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
-class SandboxProcess:
-    """One sandboxed worker process and its pipes: ``python -m <module>`` in its own process
-    group, with the scrubbed environment; sends ``init`` and waits (``start_timeout_s``) for
-    ``{"op": "ready"}``. Shared by the reward pool and the rollout's tool sandboxes."""
-
-    def __init__(self, module: str, init: dict[str, Any], *, max_reply_bytes: int, start_timeout_s: float,
-                 what: str = "sandbox worker", loading: str = "its code") -> None:
-        env = worker_env(os.environ)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,
-            env=env,
-            start_new_session=True,  # its own process group: we kill it and anything it forked
-            close_fds=True,
-        )
-        self.reader = Reader(self.proc.stdout.fileno(), max_reply_bytes)
-        self.network = "?"
-        try:
-            self.send(init)
-            msg = self.reader.read(time.monotonic() + start_timeout_s)
-        except (ChannelClosed, ChannelTimeout, ChannelError, OSError) as exc:
-            self.kill()
-            raise SandboxStartError(f"{what} did not start: {type(exc).__name__}: {exc}") from None
-        if msg.get("op") != "ready":
-            self.kill()
-            raise SandboxStartError(f"{what} failed to load {loading}: {msg.get('error', msg)}")
-        self.ready = msg
-        self.network = str(msg.get("network"))
-        self.pid = self.proc.pid
-
-    def send(self, msg: dict[str, Any]) -> None:
-        write_all(self.proc.stdin.fileno(), pack(msg))
-
-    def kill(self) -> None:
-        """Kill the worker's whole process group (only processes this worker started)."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
 
 
 class _Worker(SandboxProcess):

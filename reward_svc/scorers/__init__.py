@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any
 
 from reward_svc.scorers import arith, countdown, gsm8k, math_boxed
+from services.registry import SCORERS
 
 #: data_source -> scorer taking (solution_str, ground_truth, **kwargs).
 BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
@@ -38,6 +39,7 @@ BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
     "arith": arith.compute_score,
     "meshrl/arith": arith.compute_score,
 }
+SCORERS.attach(lambda: BUILTIN_SCORERS)  # so the job spec's checks know what is added here
 
 
 def default_compute_score(

@@ -7,7 +7,7 @@ The response gives its expression inside the last ``<answer>...</answer>`` pair,
 failing that, after the last ``####`` marker, or, failing that, on its last non-empty
 line. A trailing ``= <number>`` is ignored, and
 ``×``/``÷`` are read as ``*``/``/``. The expression is checked by
-:mod:`reward_svc.scorers.safe_arith` (never ``eval``).
+:mod:`services.safe_arith` (never ``eval``).
 
 Scores: ``score`` (1.0) when the expression is valid, uses each given number at most
 once (with ``use_all=True``: exactly once, all of them -- TinyZero's ``countdown`` rule,
@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from reward_svc.scorers._extract import after_last_hashes, clip_tail, last_tag
-from reward_svc.scorers.safe_arith import ArithError, evaluate
+from services.safe_arith import ArithError, evaluate
 
 
 def extract_expression(solution_str: str) -> str | None:

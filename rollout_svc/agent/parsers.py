@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.registry import TOOL_PARSERS
+
 
 @dataclass
 class ToolCall:
@@ -169,6 +171,7 @@ def _jsonable(obj: Any) -> bool:
 
 
 BUILTIN_PARSERS: dict[str, type[ToolCallParser]] = {"hermes": HermesParser, "openai": OpenAIParser}
+TOOL_PARSERS.attach(lambda: BUILTIN_PARSERS)  # so the job spec's checks know what is added here
 
 
 def get_parser(spec: str) -> ToolCallParser:

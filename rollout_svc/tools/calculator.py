@@ -1,7 +1,7 @@
 """A calculator tool: exact integer/rational arithmetic on ``+ - * / ( )``.
 
-The expression is evaluated by the reward service's safe parser
-(``reward_svc.scorers.safe_arith``: no ``eval``, bounded length and nesting).
+The expression is evaluated by the safe parser the countdown scorer uses too
+(:mod:`services.safe_arith`: no ``eval``, bounded length and nesting).
 Schema name ``calc``, one argument ``expr``.
 """
 
@@ -11,6 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from rollout_svc.tools.base import Tool
+from services.safe_arith import evaluate
 
 
 class Calculator(Tool):
@@ -28,8 +29,6 @@ class Calculator(Tool):
     }
 
     def execute(self, instance_id: str, arguments: dict[str, Any], **kwargs: Any) -> str:
-        from reward_svc.scorers.safe_arith import evaluate
-
         expr = arguments.get("expr") if isinstance(arguments, dict) else None
         if not isinstance(expr, str):
             raise ValueError("argument 'expr' must be a string")

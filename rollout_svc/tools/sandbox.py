@@ -5,7 +5,7 @@
     reply = await box.call("execute", iid, args={"expr": "2+3"}, kwargs={})
     await box.release(iid); await box.close()
 
-Worker processes are :class:`reward_svc.sandbox.pool.SandboxProcess` running
+Worker processes are :class:`services.sandbox.process.SandboxProcess` running
 :mod:`rollout_svc.tools.worker` (same isolation as user reward functions). A tool instance
 (one per trajectory) lives in one worker, chosen at its creation (fewest instances).
 
@@ -41,9 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from reward_svc.sandbox.pool import SandboxProcess, SandboxStartError
-from reward_svc.sandbox.protocol import ChannelClosed, ChannelError, ChannelTimeout, Reader, pack
 from services.config.agent import ToolSpec
+from services.sandbox.process import SandboxProcess, SandboxStartError
+from services.sandbox.protocol import ChannelClosed, ChannelError, ChannelTimeout, Reader, pack
 
 log = logging.getLogger(__name__)
 

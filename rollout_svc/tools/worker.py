@@ -2,9 +2,9 @@
 
 Started by :class:`rollout_svc.tools.sandbox.ToolSandbox` as ``python -m
 rollout_svc.tools.worker`` (a fresh interpreter, never a fork of the service), with the
-reward sandbox's isolation (:mod:`reward_svc.sandbox.worker`: private protocol pipes,
+isolation user reward functions get (:mod:`services.sandbox.child`: private protocol pipes,
 ``RLIMIT_AS``, an empty network namespace unless allowed, dies with its parent, scrubbed
-environment). Length-prefixed JSON both ways (:mod:`reward_svc.sandbox.protocol`):
+environment). Length-prefixed JSON both ways (:mod:`services.sandbox.protocol`):
 
 1. ``{"op": "init", "class_name", "config", "tool_schema", "memory_limit_mb",
    "allow_network"}`` -> ``{"op": "ready", "pid", "network", "name", "schema", "hooks"}``
@@ -26,8 +26,8 @@ import inspect
 import sys
 from typing import Any
 
-from reward_svc.sandbox.protocol import ChannelClosed
-from reward_svc.sandbox.worker import error_reply, reply, start
+from services.sandbox.child import error_reply, reply, start
+from services.sandbox.protocol import ChannelClosed
 
 _MAX_IN_BYTES = 1 << 26
 

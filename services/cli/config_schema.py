@@ -13,9 +13,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from services.config.schema_doc import format_schema, job_spec_model
+    from services.config.job import JobSpec
+    from services.config.schema_doc import format_schema
 
-    text = format_schema(job_spec_model())
+    text = format_schema(JobSpec)
     if args.grep:
         text = "".join(line + "\n" for line in text.splitlines() if args.grep in line.split("  ", 1)[0])
         if not text:

@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 
+from services.gateway.launchers.registry import LAUNCHERS
+
 DEFAULT_HTTP_PORT = 8600  # kept equal to services.gateway.server.DEFAULT_HTTP_PORT (a test checks)
 DEFAULT_GRPC_PORT = 8601
 
@@ -21,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=os.environ.get("MESHRL_GATEWAY_DB"), help="sqlite:///PATH or postgresql://URL")
     p.add_argument("--runs-dir", default=os.environ.get("MESHRL_RUNS_DIR", "runs"), help="where jobs run")
     p.add_argument("--token-file", help="file holding the bearer token (else $MESHRL_GATEWAY_TOKEN)")
-    p.add_argument("--launcher", choices=["local", "ray", "deployment"],
+    p.add_argument("--launcher", choices=list(LAUNCHERS),
                    default=os.environ.get("MESHRL_GATEWAY_LAUNCHER", "local"),
                    help="how jobs are started: local subprocesses, Ray, or the deployment's own service containers "
                         "(meshrl worker; compose and k8s) -- env MESHRL_GATEWAY_LAUNCHER")

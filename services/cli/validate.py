@@ -23,9 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def print_schema() -> int:
     import sys
 
-    from services.config.schema_doc import format_schema, job_spec_model
+    from services.config.job import JobSpec
+    from services.config.schema_doc import format_schema
 
-    sys.stdout.write(format_schema(job_spec_model()))
+    sys.stdout.write(format_schema(JobSpec))
     return 0
 
 

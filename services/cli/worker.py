@@ -1,5 +1,5 @@
 """``meshrl worker --role ROLE -- CMD``: a deployment's service container, running CMD for each job
-the deployment's gateway hands out (``--launcher deployment``; see services/launch/deployment.py).
+the deployment's gateway hands out (``--launcher deployment``; see services/launch/worker.py).
 
     meshrl worker --role trainer --ends-job -- python -m trainer_svc --config {spec}
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.launch.deployment import add_worker_arguments
+from services.launch.worker import add_worker_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.launch.deployment import Worker
+    from services.launch.worker import Worker
 
     command = list(args.command)
     if command[:1] == ["--"]:

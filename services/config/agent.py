@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from services.config.base import StrictModel
+from services.config.loader import resolve_path
 
 _DOTTED = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
 
@@ -101,8 +102,6 @@ class MultiTurnConfig(StrictModel):
 
     def resolve_paths(self, base) -> None:
         """``tool_config_path`` relative to the job spec's directory (``base``) made absolute."""
-        from services.config.loader import resolve_path
-
         self.tool_config_path = resolve_path(self.tool_config_path, base)
 
     def all_tools(self) -> list[ToolSpec]:

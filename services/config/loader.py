@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from services.config.schema_doc import unknown_key_message
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -96,8 +98,6 @@ def format_validation_error(exc: ValidationError, what: str = "job spec", model:
             if home is not None:
                 msg = f"not a key here (each setting has one home): set {home} instead"
             elif model is not None:
-                from services.config.schema_doc import unknown_key_message
-
                 msg = unknown_key_message(model, tuple(err["loc"]))
             else:
                 msg = "unknown key (`meshrl config` lists every key)"

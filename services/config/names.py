@@ -2,7 +2,9 @@
 
 A strict schema cannot know which advantage estimators, policy losses, reward scorers,
 tool parsers or tools exist: they live in registries that code can extend. This module
-asks those registries, after the spec itself validated, so a typo such as
+asks those registries (:mod:`services.registry`: the services' built-in names, plus what
+code in this process registered; no service package and no torch is imported), after the
+spec itself validated, so a typo such as
 ``algorithm.adv_estimator=grpoo`` is reported by ``meshrl validate`` (and before
 ``meshrl run`` starts anything) instead of by a service a minute later:
 
@@ -21,6 +23,8 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
+from services.registry import ADV_ESTIMATORS, POLICY_LOSSES, SCORERS, TOOL_PARSERS, NameRegistry
+
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?; known: a, b, c)`` for an unknown ``name``."""
@@ -35,6 +39,12 @@ def _unknown(path: str, what: str, name: str, known: Iterable[str]) -> str:
     return f"{path}: unknown {what} {name!r}{did_you_mean(name, known)}"
 
 
+def _unknown_name(path: str, name: str, registry: NameRegistry) -> list[str]:
+    """``[problem]`` when ``name`` is not in ``registry``, else ``[]``."""
+    known = registry.names()
+    return [] if name in known else [_unknown(path, registry.what, name, known)]
+
+
 def _get(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         obj = getattr(obj, part, None)
@@ -44,16 +54,13 @@ def _get(obj: Any, dotted: str) -> Any:
 
 
 def algorithm_problems(spec: Any) -> list[str]:
-    from trainer_svc import core_algos  # importing it registers every built-in
-
-    ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY = core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.POLICY_LOSS_REGISTRY
     out = []
     est = _get(spec, "algorithm.adv_estimator")
-    if est is not None and str(est) not in ADV_ESTIMATOR_REGISTRY:
-        out.append(_unknown("algorithm.adv_estimator", "advantage estimator", str(est), ADV_ESTIMATOR_REGISTRY))
+    if est is not None:
+        out += _unknown_name("algorithm.adv_estimator", str(est), ADV_ESTIMATORS)
     loss = _get(spec, "actor.policy_loss.loss_mode")
-    if loss is not None and str(loss) not in POLICY_LOSS_REGISTRY:
-        out.append(_unknown("actor.policy_loss.loss_mode", "policy loss", str(loss), POLICY_LOSS_REGISTRY))
+    if loss is not None:
+        out += _unknown_name("actor.policy_loss.loss_mode", str(loss), POLICY_LOSSES)
     return out
 
 
@@ -79,8 +86,7 @@ def scorer_problems(spec: Any) -> list[str]:
     reward = getattr(spec, "reward", None)
     if reward is None or _get(reward, "custom_reward_function.path") or _get(reward, "reward_model.enable"):
         return []
-    from reward_svc.scorers import BUILTIN_SCORERS
-
+    scored = SCORERS.names()
     out = []
     for key in ("train_files", "val_files"):
         files = list(_get(spec, f"data.{key}") or [])
@@ -88,9 +94,9 @@ def scorer_problems(spec: Any) -> list[str]:
             sources = data_sources(files)
         except (OSError, ValueError, KeyError):
             continue  # unreadable files are reported by the file checks
-        for src in sorted(sources - set(BUILTIN_SCORERS)):
+        for src in sorted(sources - scored):
             out.append(f"data.{key}: data_source {src!r} has no built-in scorer and no reward.custom_reward_function "
-                       f"is set{did_you_mean(src, BUILTIN_SCORERS)}")
+                       f"is set{did_you_mean(src, scored)}")
     return out
 
 
@@ -101,10 +107,7 @@ def tool_problems(spec: Any) -> list[str]:
     out = []
     fmt = getattr(mt, "format", None)
     if fmt and "." not in fmt:
-        from rollout_svc.agent.parsers import BUILTIN_PARSERS
-
-        if fmt not in BUILTIN_PARSERS:
-            out.append(_unknown("rollout.multi_turn.format", "tool-call parser", fmt, BUILTIN_PARSERS))
+        out += _unknown_name("rollout.multi_turn.format", fmt, TOOL_PARSERS)
     for i, tool in enumerate(getattr(mt, "tools", None) or []):
         mod, _, cls = str(tool.class_name).rpartition(".")
         try:

@@ -29,16 +29,6 @@ class SchemaRow:
     description: str
 
 
-def job_spec_model() -> type[BaseModel]:
-    """The job spec class, wherever the config package keeps it."""
-    import services.config.job as job
-
-    cls = getattr(job, "JobSpec", None)
-    if cls is None:
-        from services.config.spec import JobSpec as cls  # noqa: N813
-    return cls
-
-
 def _is_model(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 

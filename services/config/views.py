@@ -220,7 +220,8 @@ class FeederView(StrictModel):
     queues: QueueConfig = Field(description="the prompts stream")
     resources: FeederProcess = Field(default_factory=FeederProcess, description="HTTP port")
     trainer_metrics_url: str | None = Field(
-        None, description="the trainer's /metrics (finished samples are counted from it); null when its port is 0"
+        None, description="the trainer's /metrics (with async.mode=sync, its policy version paces the batches); "
+        "null when its port is 0"
     )
     trainer_metrics_file: str | None = Field(
         None, description="the file the trainer appends a line to per committed step (trainer.metrics_file); with "

@@ -3,7 +3,9 @@
     store.py        job store (SQLite / PostgreSQL, ordered migrations)
     spec_validation.py  validation of submitted specs (services.config.job.parse_job)
     jobs.py         JobManager: the logic both front ends share
-    app.py          REST API (FastAPI) + /metrics + the dashboard page
+    launchers/      how it starts whole jobs: local, ray, deployment (a registry by kind)
+    app.py          REST API (FastAPI): the app, its access log, the routers of routes/
+    routes/         the REST routes by resource (jobs, job output, probes, dashboard, docs)
     models.py       REST bodies (the OpenAPI schema)
     grpc_server.py  gRPC JobService (proto/job.proto)
     dashboard.py    the built-in dashboard page (HTML + JS)

@@ -20,7 +20,7 @@ import grpc
 from services.gateway.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
 from services.gateway.logs import MAX_TAIL_LINES, UnknownLog
 from services.gateway.spec_validation import SpecRejected
-from services.launch.base import JobState
+from services.gateway.launchers.base import JobState
 from services.pb import job_pb2, job_pb2_grpc
 
 _STATES = {s.value for s in JobState}

@@ -4,8 +4,8 @@ The gateway is the one fixed, scraped target that knows every job (``deploy/prom
 scrapes ``gateway:8600`` with its token). It already reads each job's progress from its
 launcher: ``status.json`` of a ``meshrl run`` controller (local and Ray launchers), or the
 deployment launcher's own reading of the workers' reports and the Redis ledger (compose,
-Kubernetes; :mod:`services.launch.deployment`). From that progress it exports, labelled
-``job_id``:
+Kubernetes; :mod:`services.gateway.launchers.deployment`). From that progress it exports,
+labelled ``job_id``:
 
     meshrl_job_ledger_samples_total{job_id,stage}     the job ledger over restarts (fed, generated, ...)
     meshrl_job_service_restarts_total{job_id,service} restarts per service

@@ -5,7 +5,7 @@
     manager.pause(row.id); manager.resume(row.id); manager.cancel(row.id)
     manager.metrics(row.id) -> {"progress": {...}, "points": [...]}
 
-Job states follow :class:`services.launch.base.JobState`. The manager refreshes a job's state
+Job states follow :class:`services.gateway.launchers.base.JobState`. The manager refreshes a job's state
 from its launcher whenever it is read, and a poller thread (``start()``) does the same for
 every unfinished job, recording a metric point each time the job's progress changes — the
 series the dashboard draws.
@@ -33,7 +33,7 @@ from services.gateway import redact
 from services.gateway.paths import path_problems
 from services.gateway.spec_validation import SpecRejected, validate_spec
 from services.gateway.store import JobRow, JobStore
-from services.launch.base import JobState, LaunchError, Launcher
+from services.gateway.launchers.base import JobState, LaunchError, Launcher
 
 log = logging.getLogger(__name__)
 _FINISHED = {s.value for s in JobState if s.finished}

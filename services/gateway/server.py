@@ -15,7 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.launch.base import Launcher, make_launcher
+from services.gateway.launchers.base import Launcher
+from services.gateway.launchers.registry import make_launcher
 
 DEFAULT_HTTP_PORT = 8600
 DEFAULT_GRPC_PORT = 8601

@@ -1,8 +1,8 @@
-"""Launchers: how a job's services get started.
+"""What runs inside one job: ``meshrl run``'s controller and what it runs the job with
+(controller.py, mesh.py, supervision.py, ledger.py, job_status.py, broker_host.py,
+ray_placement.py for ``services.launcher: ray``, ...), and ``meshrl worker`` (worker.py),
+which runs one service of a deployment's jobs in its container, handed over through the
+files of handoff.py.
 
-    base.py    Launcher interface + JobHandle/JobState; make_launcher(kind)
-    local.py   subprocesses on this machine (the default; what `meshrl run` uses)
-    ray.py     Ray actors on a Ray cluster
-
-The gateway and the CLI speak only to :class:`services.launch.base.Launcher`.
+The gateway's launchers, which start whole jobs, are services/gateway/launchers/.
 """

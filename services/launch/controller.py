@@ -243,9 +243,8 @@ class JobController:
             self.sup.touch(time.monotonic())
             self.board.detail = paused
             return
-        fed = self.board.prompts_fed or 0
-        in_flight = fed - int(self.ledger.finished_prompts() or 0)
-        why = stall_reason(self.board.queues, in_flight=in_flight, max_in_flight=self.max_in_flight,
+        why = stall_reason(self.board.queues, in_flight=self.board.in_flight_prompts or 0,
+                           max_in_flight=self.max_in_flight,
                            restarting=list(self.mesh.restarting), down=self.mesh.silent)
         stall = self.sup.stall(time.monotonic(), why)
         board = self.board
@@ -268,6 +267,8 @@ class JobController:
         for name, got in zip(urls, scrapes):
             self.ledger.observe(name, got, incarnation=self.sup.restarts().get(name, 0))
             self._scrapes[name] = got
+        if "meshrl_feeder_in_flight_prompts" in self._scrapes.get("feeder", {}):  # as the queue's ledger says
+            self.board.in_flight_prompts = int(self._scrapes["feeder"]["meshrl_feeder_in_flight_prompts"])
         trainer = self._scrapes.get("trainer", {})
         current = trainer.get("meshrl_trainer_policy_version")
         if self.spec.weights.canary and trainer.get("meshrl_weights_promoted_version", -1) >= 0:

@@ -31,6 +31,7 @@ class StatusBoard:
         self.detail = ""
         self.queues: dict[str, int] = {}  # stream -> depth, as last read
         self.prompts_fed: int | None = None
+        self.in_flight_prompts: int | None = None  # the feeder's count (from the queue's ledger)
         self.metrics_url: str | None = None
         self.weights: dict[str, Any] = {}  # per replica the version it serves and its role; the canary gate
         self.control = ControlMetrics()
@@ -82,7 +83,8 @@ class StatusBoard:
             "state": self.state, "detail": self.detail, "step": last.get("step", 0),
             "total_steps": self.spec.trainer.total_steps, "reward_mean": last.get("reward_mean"),
             "staleness": last.get("staleness"), "tokens_per_s": None if tps is None else max(0.0, tps),
-            "prompts_fed": self.prompts_fed, "elapsed_s": round(self.elapsed_s, 1),
+            "prompts_fed": self.prompts_fed, "in_flight_prompts": self.in_flight_prompts,
+            "elapsed_s": round(self.elapsed_s, 1),
             "pid": os.getpid(), "queues": self.queues, "metrics_url": self.metrics_url,
             **{k: last.get(k) for k in ("loss", "kl", "entropy", "grad_norm", "logprob_diff")},
             "val_score": self.history.latest_val_score(),  # the newest finished validation round

@@ -130,15 +130,6 @@ class Ledger:
             "in_flight": max(0, fed - trained - stale - err),
         }
 
-    def finished_prompts(self) -> float | None:
-        """Prompts the trainer is done with (trained or dropped), for admission control;
-        None before the trainer's counters were read."""
-        if not self.trainer:
-            return None
-        t = self.trainer
-        return (t["meshrl_trainer_samples_total"] + t["meshrl_trainer_dropped_stale_samples_total"]
-                + t["meshrl_trainer_dropped_error_samples_total"]) / self.n
-
     def tokens(self) -> float:
         return self.events.total("tokens")
 

@@ -27,9 +27,9 @@ from services import auth
 from services.config.job import dump_job
 from services.config.views import derive_views, dump_view, write_private, write_view
 from services.config.weights import REJECT_EXIT_CODE
-from services.launch.procs import (ServiceFailed, ServiceProcess, http_get, kill_adopted, log_tail,
-                                   python_module_argv)
+from services.launch.procs import ServiceFailed, ServiceProcess, kill_adopted, log_tail, python_module_argv
 from services.launch.supervision import Supervisor
+from services.metrics.scrape import http_get
 from services.net import free_port
 
 log = logging.getLogger("meshrl.run")

@@ -16,7 +16,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.metrics.scrape import http_get  # noqa: F401 - re-exported for the launchers
 from services.net import terminate_then_kill
 from services.readiness import NotReady, Ready, wait_for_ready_in_log
 

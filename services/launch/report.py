@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.metrics.scrape import scrape  # noqa: F401 - re-exported for the launchers
 
 
 class History:

@@ -205,7 +205,7 @@ def stall_reason(queues: Mapping[str, int], *, in_flight: int, max_in_flight: in
         return f"the rollout replicas are not generating ('prompts' holds {queues['prompts']} items)"
     if in_flight >= max_in_flight:
         return (f"every queue is empty but {in_flight} prompts count as in flight "
-                f"(admission limit {max_in_flight}): the trainer has not reported them finished")
+                f"(admission limit {max_in_flight}): the queue's ledger has not seen them trained or dropped")
     return "every queue is empty and the feeder has nothing to feed"
 
 

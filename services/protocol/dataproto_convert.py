@@ -18,6 +18,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from services.protocol.errors import require
 from services.protocol.column_dicts import as_object_array
+from services.wire.batches import decode_as, encode
 
 NUMERIC_NON_TENSOR_DTYPES_KEY = "__meshrl_non_tensor_dtypes__"
 """Reserved key ``to_tensordict`` uses to remember dtypes of non-object non-tensor arrays."""
@@ -105,23 +106,19 @@ class ConversionMixin:
 
     def save_to_disk(self, filepath: str | os.PathLike) -> None:
         """Write this DataProto as one ``services.wire`` frame (no pickle)."""
-        from services import wire
-
-        frame = wire.encode(self)
+        frame = encode(self)
         with open(filepath, "wb") as f:
             f.write(frame)
 
     @classmethod
     def load_from_disk(cls, filepath: str | os.PathLike):
         """Read a file written by :meth:`save_to_disk` (validated by ``services.wire.decode``)."""
-        from services import wire
-
         size = os.path.getsize(filepath)
         buf = bytearray(size)
         with open(filepath, "rb") as f:
             got = f.readinto(buf)
         require(got == size, f"short read from {filepath}: {got} of {size} bytes")
-        return wire.decode(buf, max_frame_bytes=max(size, 1), cls=cls)
+        return decode_as(buf, cls, max_frame_bytes=max(size, 1))
 
     # ------------------------------------------------------------------ info
     def nbytes(self) -> tuple[int, int]:

@@ -8,7 +8,7 @@ several epochs). ``DataProto`` (:mod:`services.protocol.dataproto`) inherits
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -16,17 +16,15 @@ from tensordict import TensorDict
 
 from services.protocol.errors import DataProtoError, require
 
-if TYPE_CHECKING:  # pragma: no cover
-    from services.protocol.dataproto import DataProto
-
 
 class _IndexCollate:
-    """DataLoader ``collate_fn``: a list of row indices -> ``data.select_idxs(indices)``."""
+    """DataLoader ``collate_fn``: a list of row indices -> ``data.select_idxs(indices)``
+    (``data`` is a DataProto, the class that mixes :class:`RowOpsMixin` in)."""
 
-    def __init__(self, data: "DataProto") -> None:
+    def __init__(self, data: "RowOpsMixin") -> None:
         self.data = data
 
-    def __call__(self, indices: list[int]) -> "DataProto":
+    def __call__(self, indices: list[int]) -> "RowOpsMixin":
         return self.data.select_idxs(list(indices))
 
 

@@ -14,6 +14,7 @@ import torch
 
 from services.protocol.dataproto import DataProto
 from services.protocol.errors import require
+from services.wire.batches import decode_as, encode
 
 DEFAULT_GATHER_TIMEOUT = _dt.timedelta(seconds=300)
 
@@ -37,8 +38,6 @@ def all_gather_data_proto(data: DataProto, process_group=None, timeout: _dt.time
     """
     import torch.distributed as dist
 
-    from services import wire
-
     require(isinstance(data, DataProto), f"data must be a DataProto, got {type(data)}")
     if isinstance(timeout, (int, float)):
         timeout = _dt.timedelta(seconds=float(timeout))
@@ -47,7 +46,7 @@ def all_gather_data_proto(data: DataProto, process_group=None, timeout: _dt.time
         return
     prev_device = data.batch.device if data.batch is not None else None
     local_batch = data.batch.to("cpu") if data.batch is not None else None
-    frame = wire.encode(DataProto(batch=local_batch, non_tensor_batch=data.non_tensor_batch, meta_info={}))
+    frame = encode(DataProto(batch=local_batch, non_tensor_batch=data.non_tensor_batch, meta_info={}))
     comm_device = torch.device("cpu")
     if dist.get_backend(process_group) == "nccl":
         comm_device = torch.device("cuda", torch.cuda.current_device())
@@ -58,7 +57,7 @@ def all_gather_data_proto(data: DataProto, process_group=None, timeout: _dt.time
     padded[: payload.numel()] = payload
     frames = _gather(padded, process_group, world, timeout)
     parts = [
-        wire.decode(bytearray(f[:n].cpu().numpy().tobytes()), max_frame_bytes=max(n, 1), cls=DataProto)
+        decode_as(bytearray(f[:n].cpu().numpy().tobytes()), DataProto, max_frame_bytes=max(n, 1))
         for f, n in zip(frames, lengths)
     ]
     merged = DataProto.concat(parts)

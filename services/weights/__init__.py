@@ -41,7 +41,7 @@ _WHERE = {
     "Bucket": "plan",
     "TensorSpec": "plan",
     "iter_buckets": "plan",
-    "PublishReport": "publisher",
+    "PublishReport": "report",
     "WeightPublisher": "publisher",
     "Snapshot": "receiver",
     "Update": "receiver",
@@ -58,8 +58,9 @@ def __getattr__(name: str) -> object:
 if TYPE_CHECKING:
     from services.weights.errors import PlanError, SnapshotError, TransferError, VersionError, WeightChannelError
     from services.weights.plan import ALIGN, DTYPES, Bucket, TensorSpec, iter_buckets
-    from services.weights.publisher import PublishReport, WeightPublisher
+    from services.weights.publisher import WeightPublisher
     from services.weights.receiver import Snapshot, Update, WeightReceiver
+    from services.weights.report import PublishReport
 
 __all__ = [
     "ALIGN",

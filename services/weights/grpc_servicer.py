@@ -1,24 +1,58 @@
 """gRPC side of the publisher: the ``WeightService`` handlers.
 
-All state lives in :class:`~services.weights.publisher.WeightPublisher`; the servicer only
-translates between it and the wire.
+All state lives in the publisher (:class:`~services.weights.publisher.WeightPublisher`); the
+servicer only translates between it and the wire. The publisher imports this module to
+serve it, so what the handlers need from the publisher is declared here
+(:class:`PublisherSide`) rather than imported from it.
 """
 
 from __future__ import annotations
 
 import itertools
 import queue
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import grpc
 
+from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
 from services.weights.errors import SnapshotError, TransferError, VersionError
 from services.weights.messages import check_replica_id, check_serve_dtype, control
 
-if TYPE_CHECKING:
-    from services.weights.publisher import WeightPublisher
+
+class Subscription(Protocol):
+    """One replica's subscription: the control messages queued for its stream."""
+
+    outbox: queue.Queue
+    connected: bool
+
+
+class PublisherSide(Protocol):
+    """The part of the publisher the handlers call (the publisher's own, not public, API)."""
+
+    cfg: WeightChannelConfig
+    session: int
+
+    @property
+    def latest_version(self) -> int: ...
+
+    @property
+    def snapshot_version(self) -> int: ...
+
+    def _subscribe(self, replica_id: str, served_version: int, served_session: int = 0,
+                   serve_dtype: str = "", promoted_only: bool = False) -> Subscription: ...
+
+    def snapshot_for(self, replica_id: str, min_version: int, chunk_bytes: int) -> Any: ...
+
+    def resume(self, reason: str = "") -> None: ...
+
+    def _unsubscribe(self, sub: Any) -> None: ...
+
+    def _ack(self, req: pb.AckRequest) -> bool: ...
+
+    def _status(self) -> pb.StatusReply: ...
+
 
 K = pb.ControlKind
 
@@ -26,7 +60,7 @@ K = pb.ControlKind
 class WeightServicer(pb_grpc.WeightServiceServicer):
     """gRPC handlers; all state lives in the publisher."""
 
-    def __init__(self, pub: "WeightPublisher"):
+    def __init__(self, pub: PublisherSide):
         self.pub = pub
 
     def Subscribe(self, request, context):  # noqa: N802 (gRPC naming)

@@ -37,9 +37,15 @@ CLIENT_OPTIONS = _MSG + [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # a restarted trainer is back on the same address within seconds: try again that often,
+    # not with gRPC's default backoff (it grows to two minutes while the publisher is down)
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
 """Channel/server options: big enough for large bucket plans; keepalive both ways so a
-dead peer's stream breaks within seconds instead of lingering."""
+dead peer's stream breaks within seconds instead of lingering; a receiver reconnects to a
+publisher that came back within a second."""
 
 
 def control(kind: int, session: int, epoch: int = 0, version: int = -1, **payload: object) -> pb.ControlMessage:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from services.weights.promotion import RolloutState
-    from services.weights.publisher import PublishReport
+from services.weights.promotion import RolloutState
+from services.weights.report import PublishReport
 
 
 class PublisherMetrics:
@@ -39,7 +36,7 @@ class PublisherMetrics:
         self.candidate.set(-1)
         self.promoted.set(-1)
 
-    def published(self, r: "PublishReport", rollout: "RolloutState") -> None:
+    def published(self, r: PublishReport, rollout: RolloutState) -> None:
         self.version.set(r.version)
         if r.route != "held_back":
             self.bytes.inc(r.tensor_bytes)
@@ -48,7 +45,7 @@ class PublisherMetrics:
             self.failures.inc()
         self.rollout(rollout, held_back=r.route == "held_back")
 
-    def rollout(self, state: "RolloutState", canaries: dict[str, bool] | None = None, held_back: bool = False) -> None:
+    def rollout(self, state: RolloutState, canaries: dict[str, bool] | None = None, held_back: bool = False) -> None:
         """The gate's state now (``canaries``: replica -> is a canary, when roles changed)."""
         self.promoted.set(state.promoted)
         self.candidate.set(-1 if state.candidate is None else state.candidate)

@@ -52,33 +52,13 @@ from services.weights.grpc_servicer import WeightServicer
 from services.weights.metrics import PublisherMetrics
 from services.weights.plan import DTYPES, Bucket, iter_buckets
 from services.weights.promotion import RolloutState
+from services.weights.report import PublishReport
 
 log = logging.getLogger(__name__)
 K = pb.ControlKind
 ACK_GRACE_S = 2.0
 """After a failed transfer, survivors get at least this long (capped at the deadline) to
 acknowledge the abort, so they are ready for the next epoch."""
-
-
-@dataclass
-class PublishReport:
-    """What one ``publish`` did.
-
-    ``delivered``: replicas that acknowledged every bucket; ``failed``: members that did not
-    (dead, hung, or aborted); ``error``: why the transfer failed (None when it did not).
-    """
-
-    version: int
-    epoch: int
-    num_buckets: int
-    num_tensors: int
-    tensor_bytes: int
-    seconds: float
-    delivered: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    error: str | None = None
-    route: str = "all"
-    """Canary mode: ``promote``, ``canaries`` or ``held_back`` (sent to nobody); else ``all``."""
 
 
 @dataclass(eq=False)

@@ -179,7 +179,7 @@ class WeightReceiver:
         self._epoch = 0
         self._group: DataGroup | None = None
         self._store = None
-        self._store_addr: tuple[str, int] | None = None
+        self._store_key: tuple[int, str, int] | None = None  # (session, host, port) of self._store
         self._next_bucket = 0
         self._totals = [0, 0]
         self._pieces = TensorAssembler()
@@ -472,6 +472,7 @@ class WeightReceiver:
                 self.received_version = -1
                 self.target = None
                 self._drop_group()
+                self._drop_store()
                 self._fail_current("publisher changed", ack=False)
             self.latest_version = msg.welcome.latest_version
             self.snapshot_version = msg.welcome.snapshot_version
@@ -513,19 +514,29 @@ class WeightReceiver:
             self._retired.append(self._group)
             self._group = None
 
+    def _drop_store(self) -> None:
+        """Forget the rendezvous store client (the next JOIN connects a new one)."""
+        self._store, self._store_key = None, None
+
     def _join(self, msg: pb.ControlMessage) -> None:
         j = msg.join
         spec = GroupSpec(j.store_host, j.store_port, j.store_prefix, j.rank, j.world_size, j.backend, j.timeout_s,
                          gloo_devices=max(1, j.gloo_devices))
+        # One store client serves every epoch of one publisher session, never the next one: a
+        # restarted trainer binds the same rendezvous port again, and the old client's socket
+        # still leads to the dead store (every group would then fail to form, "Broken pipe").
+        key = (msg.session, j.store_host, j.store_port)
         try:
-            if self._store_addr != (j.store_host, j.store_port):
+            if self._store_key != key:
+                self._drop_store()
                 self._store = connect_store(j.store_host, j.store_port, j.timeout_s)
-                self._store_addr = (j.store_host, j.store_port)
+                self._store_key = key
             # gloo listens on this machine's address towards the publisher, never on every address
             self._group = DataGroup(spec, self._store, self.cfg.gloo_interface, self.cfg.gloo_threads,
                                     gloo_address=local_address_towards(j.store_host, j.store_port))
         except TransferError as e:
             self._group = None
+            self._drop_store()  # it may be what broke: the next epoch connects afresh
             self._ack(pb.ACK_STATUS_FAILED, msg.epoch, -1, str(e))
 
     def _begin(self, msg: pb.ControlMessage) -> None:

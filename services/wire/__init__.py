@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.wire.batches import decode_as, encode, encode_parts, to_parts
 from services.wire.chunks import DEFAULT_CHUNK_BYTES, ChunkAssembler, iter_chunks, join_chunks
-from services.wire.codec import DEFAULT_MAX_FRAME_BYTES, SCHEMA_VERSION, FrameParts, decode_frame, encode_frame, encode_frame_parts
+from services.wire.codec import DEFAULT_MAX_FRAME_BYTES, SCHEMA_VERSION, FrameParts
 from services.wire.errors import WireError
 
 __all__ = [
@@ -36,43 +37,6 @@ __all__ = [
 ]
 
 
-def to_parts(data: Any) -> FrameParts:
-    """Split a DataProto (anything with ``batch``, ``non_tensor_batch``, ``meta_info``) into
-    frame parts. Nested TensorDict keys become key paths."""
-    batch = getattr(data, "batch", None)
-    non_tensors = getattr(data, "non_tensor_batch", None)
-    meta = getattr(data, "meta_info", None)
-    if not hasattr(data, "non_tensor_batch") or not hasattr(data, "meta_info"):
-        raise TypeError(f"encode: expected a DataProto, got {type(data).__qualname__}")
-    parts = FrameParts(non_tensors=dict(non_tensors or {}), meta_info=meta if meta is not None else {})
-    if batch is not None:
-        from tensordict import TensorDictBase
-
-        if not isinstance(batch, TensorDictBase):
-            raise TypeError(f"encode: batch must be a TensorDict or None, got {type(batch).__qualname__}")
-        parts.batch_size = tuple(batch.batch_size)
-        for key in batch.keys(include_nested=True, leaves_only=True):
-            path = (key,) if isinstance(key, str) else tuple(key)
-            parts.tensors[path] = batch.get(key)
-    return parts
-
-
-def encode(data: Any) -> bytearray:
-    """Encode a DataProto into one frame (each tensor copied once into a preallocated buffer).
-
-    Raises TypeError naming the column/key for anything that is not plain data or a
-    supported tensor (arbitrary objects are refused, never pickled).
-    """
-    return encode_frame(to_parts(data))
-
-
-def encode_parts(data: Any) -> list[memoryview]:
-    """The frame of :func:`encode` as a list of views, without copying tensor bytes: write
-    them in order (``writelines``, a gRPC chunk stream, ...). Do not modify the DataProto's
-    tensors until the views are consumed."""
-    return encode_frame_parts(to_parts(data))
-
-
 def decode(buf: Any, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, cls: type | None = None, zero_copy_readonly: bool = False) -> Any:
     """Decode one frame into ``cls`` (default :class:`services.protocol.DataProto`).
 
@@ -81,29 +45,11 @@ def decode(buf: Any, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, cls: typ
     unless ``zero_copy_readonly=True`` (then the caller must never write to the tensors).
     Raises :class:`WireError` — and nothing else — for any malformed, truncated, oversized
     or inconsistent frame, with a message naming the field.
+
+    The default class is imported on first use, not with this package: ``services.protocol``
+    stores and gathers its batches through this package's codec (:mod:`.batches`), so the
+    package must be importable before ``DataProto`` exists.
     """
-    parts = decode_frame(buf, max_frame_bytes=max_frame_bytes, zero_copy_readonly=zero_copy_readonly)
     if cls is None:
-        from services.protocol import DataProto as cls  # noqa: N813 - lazy default
-    try:
-        return cls(batch=build_tensordict(parts), non_tensor_batch=parts.non_tensors, meta_info=parts.meta_info)
-    except WireError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the frame was consistent but cls refused it
-        raise WireError(f"frame content rejected by {getattr(cls, '__name__', cls)}: {type(e).__name__}: {e}") from None
-
-
-def build_tensordict(parts: FrameParts) -> Any:
-    """The TensorDict of ``parts`` (None when the frame has no tensor batch); no copies."""
-    if parts.batch_size is None:
-        return None
-    from tensordict import TensorDict
-
-    tree: dict[str, Any] = {}
-    for path, t in parts.tensors.items():
-        node = tree
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = t
-    return TensorDict(tree, batch_size=parts.batch_size)
-
+        from services.protocol.dataproto import DataProto as cls  # noqa: N813 - the default, see above
+    return decode_as(buf, cls, max_frame_bytes=max_frame_bytes, zero_copy_readonly=zero_copy_readonly)

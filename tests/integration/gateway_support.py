@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from services.launch.local import LocalLauncher
+from services.gateway.launchers.local import LocalLauncher
 
 FAKE_JOB = Path(__file__).with_name("gateway_fake_job.py")
 TOKEN = "test-token-0123456789"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,10 +35,11 @@ class Job:
         self.out = run_dir.parent / f"{run_dir.name}.out"
 
     def start(self) -> "Job":
+        """Start (or, on the same run dir, resume) the job, in a process group of its own."""
         self.run_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(self.out, "ab") as f:
             self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                                         env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
         return self
 
     def output(self) -> str:
@@ -72,6 +75,27 @@ class Job:
         os.kill(pid, sig)
         return pid
 
+    def kill_tree(self, service: str) -> int:
+        """SIGKILL ``service`` and every process it started (the trainer's ranks, a replica's
+        vLLM engine): the machine under it failed. Returns the service's pid."""
+        pid = self.pid(service)
+        for p in [pid, *descendants(pid)]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pid
+
+    def kill_all(self) -> None:
+        """SIGKILL the whole job at once (its process group: driver and every service), as a
+        lost machine would; the same command resumes it."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+
+    def log(self, service: str) -> str:
+        path = self.run_dir / "logs" / f"{service}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def wait_back(self, service: str, old_pid: int, timeout: float = 900.0) -> dict:
         """Until ``service`` runs again under a new pid, ready."""
         return self.wait_for(lambda s: s["services"][service]["pid"] != old_pid and s["services"][service]["alive"]
@@ -106,3 +130,84 @@ def assert_ledger_exact(run_dir: Path) -> dict:
     assert ledger["trained"] + ledger["dropped_stale"] + ledger["dropped_error"] + ledger["in_flight"] == ledger["fed"]
     assert audit["trained_ids"] == ledger["trained"], ledger
     return ledger
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children first), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def admission_trace(run_dir: Path, n: int) -> list[int]:
+    """Prompts in flight right after each training prompt was put, replayed from the embedded
+    broker's append-only file (``broker.aof``) alone: a prompt is in flight from its put
+    until every one of its ``n`` samples has a final ledger stage (trained, nonfinite,
+    dropped). Exact whatever the feeder believed; a compaction snapshot (written when the
+    broker starts again) is a consistent state, and its puts are not counted as new."""
+    from services.queues.aof import replay
+
+    final = {"trained", "nonfinite", "dropped"}
+    training = re.compile(r"-e\d+-p\d+$")  # a training prompt's uid (validation rounds are -val<r>-p<i>)
+    stage: dict[str, str] = {}
+    pending: dict[str, None] = {}
+    trace: list[int] = []
+
+    def done(uid: str) -> bool:
+        return all(stage.get(f"{uid}/{k}") in final for k in range(n))
+
+    for rec in replay(run_dir / "broker.aof"):
+        if rec[0] == "L":
+            for sid in rec[2]:
+                stage[sid] = rec[1]
+                uid = sid.rpartition("/")[0]
+                if uid in pending and done(uid):
+                    del pending[uid]
+            for sid in rec[2]:
+                if rec[1] == "queued" and training.search(sid) and not done(sid):
+                    pending[sid] = None
+        elif rec[0] == "P" and rec[1] == "prompts" and len(rec) == 7:  # a live put, not a snapshot's entry
+            uids = [u for u in rec[5] if training.search(u)]
+            if uids:
+                trace.append(len(pending) + sum(1 for u in uids if u not in pending))
+    return trace
+
+
+def _log_time(line: str) -> float | None:
+    m = re.search(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", line)
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+def first_versions_after_restarts(trainer_log: str) -> list[tuple[float, int]]:
+    """For every trainer incarnation that resumed from a checkpoint: (when it resumed, the
+    version its first training step published)."""
+    out, resumed_at = [], None
+    for line in trainer_log.splitlines():
+        if "resumed from" in line:
+            resumed_at = _log_time(line)
+        m = re.search(r"meshrl.trainer: step \d+ version (\d+) applied", line)
+        if m and resumed_at is not None:
+            out.append((resumed_at, int(m.group(1))))
+            resumed_at = None
+    return out
+
+
+def served_versions(replica_log: str) -> list[tuple[float, int]]:
+    """(when, version) of every version the replica reported serving."""
+    out = []
+    for line in replica_log.splitlines():
+        m = re.search(r"now serves policy version (\d+)", line)
+        if m and (t := _log_time(line)) is not None:
+            out.append((t, int(m.group(1))))
+    return out

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from reward_svc.sandbox.pool import SandboxStartError
 from rollout_svc.tools.sandbox import InProcessTool, ToolSandbox
 from services.config.agent import MultiTurnConfig, ToolSpec
+from services.sandbox.process import SandboxStartError
 
 DEADLINE = 60
 

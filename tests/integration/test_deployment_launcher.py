@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.launch.base import JobState, LaunchError
-from services.launch.deployment import CURRENT, DeploymentLauncher
+from services.gateway.launchers.base import JobState, LaunchError
+from services.gateway.launchers.deployment import DeploymentLauncher
+from services.launch.handoff import CURRENT
 
 pytestmark = pytest.mark.timeout(120)
 

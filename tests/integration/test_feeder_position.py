@@ -35,7 +35,7 @@ async def test_a_restarted_feeder_feeds_the_prompts_not_fed_yet_in_order(tmp_pat
     state = tmp_path / "feeder.json"
     put_q = make_queue(cfg, stream="prompts", group="controller", consumer="feeder")
     feeder = PromptFeeder(Rows(), put_q, n=2, seed=3, job="j", state_path=state)
-    assert await feeder.put(room(limit=4, fed=feeder.state.fed, finished=0)) == 4
+    assert await feeder.put(room(limit=4, in_flight=0)) == 4
     assert json.loads(state.read_text())["state"]["fed"] == 4
     first = feeder.fed_uids()
     await put_q.close()
@@ -43,8 +43,8 @@ async def test_a_restarted_feeder_feeds_the_prompts_not_fed_yet_in_order(tmp_pat
     put_q = make_queue(cfg, stream="prompts", group="controller", consumer="feeder-2")
     again = PromptFeeder(Rows(), put_q, n=2, seed=3, job="j", state_path=state)
     assert again.state.fed == 4
-    assert room(limit=4, fed=again.state.fed, finished=0) == 0  # admission: 4 still in flight
-    assert await again.put(room(limit=4, fed=again.state.fed, finished=4)) == 4
+    assert room(limit=4, in_flight=4) == 0  # admission: 4 still in flight
+    assert await again.put(room(limit=4, in_flight=0)) == 4
     assert again.fed_uids()[:4] == first
     assert fed_uids_of(state) == again.fed_uids()  # the controller's audit names them from the file alone
     order = PromptFeeder(Rows(), put_q, n=2, seed=3, job="j")._order

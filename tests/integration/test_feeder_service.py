@@ -1,7 +1,7 @@
 """The prompt feeder service (`python -m feeder_svc`, as `meshrl run`, docker-compose and
 Kubernetes run it) on a private Redis: it fills the prompts stream up to its admission bound and
-feeds more only as the trainer's /metrics (a real HTTP server standing in for the trainer)
-reports finished samples."""
+feeds more only as the queue's sample ledger says prompts finished (the stages a replica and
+the trainer record, written here by the test standing in for them)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ import time
 import httpx
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, Counter
 
 from services.cli import main as cli_main
-from services.metrics.server import MetricsServer
 from services.readiness import OutputWatcher
 from tests.integration.gateway_support import wait_until
 
@@ -33,7 +31,7 @@ def _fed(port: int) -> float:
     return -1.0
 
 
-def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
+async def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
     from services.data import synthetic
     from services.data.parquet import write_rows
 
@@ -48,17 +46,18 @@ def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
         "queues": {"type": "redis", "url": redis_server.url, "namespace": "feedtest"},
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
-    registry = CollectorRegistry()
-    samples = Counter("meshrl_trainer_samples", "stand-in trainer: samples trained on", registry=registry)
-    trainer = MetricsServer(registry, port=0).start()
-    assert cli_main(["views", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "views"),
-                     f"services.trainer.metrics_port={trainer.port}"]) == 0
+    assert cli_main(["views", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "views")]) == 0
     proc = subprocess.Popen(
         [sys.executable, "-m", "feeder_svc", "--config", str(tmp_path / "views" / "feeder.yaml"),
          "--poll", "0.1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     output = OutputWatcher(proc)
+    from services.config.queues import RedisQueueConfig
+    from services.queues import make_queue
+
+    replica = make_queue(RedisQueueConfig(url=redis_server.url, namespace="feedtest"), stream="prompts",
+                         group="rollout", consumer="replica")
     try:
         port = output.wait(60).port("metrics")
         try:
@@ -71,15 +70,21 @@ def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
         assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200
         status = httpx.get(f"http://127.0.0.1:{port}/status", timeout=5).json()
         assert (status["prompts_fed"], status["in_flight"], status["max_in_flight"]) == (8, 8, 8)
-        samples.inc(2 * 3)  # 3 prompts' groups (n=2) trained
+        # a replica takes 3 prompts; the trainer trains their groups (n=2) and records it
+        taken: list[str] = []
+        while len(taken) < 3:
+            got = await replica.get(max_items=3 - len(taken), timeout=10)
+            assert got, "the prompts stream holds the 8 prompts fed"
+            taken += [str(it.data.non_tensor_batch["uid"][0]) for it in got]
+        await replica.record_stage([f"{u}/{k}" for u in taken for k in range(2)], "trained")
         wait_until(lambda: _fed(port) == 11, timeout=30, what="3 more prompts")
     finally:
+        await replica.close()
         proc.terminate()
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-        trainer.stop()
     assert proc.returncode == 0, output.text(40)
     assert output.ready is not None and output.ready.service == "feeder"

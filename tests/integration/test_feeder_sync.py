@@ -42,8 +42,9 @@ def _view(tmp_path, trainer_url: str, replica_urls: list[str], address: str, **a
 @pytest.mark.timeout(60)
 async def test_sync_feeder_waits_for_the_batch_and_the_replicas(tmp_path, broker):
     """The one feeding loop, against real HTTP servers standing in for the trainer's and a
-    replica's /metrics: a batch goes out only when the last is trained and the replica serves
-    the trainer's version; async mode ignores the replicas."""
+    replica's /metrics, with the samples' stages in the broker's ledger as the trainer records
+    them: a batch goes out only when the last is trained and the replica serves the trainer's
+    version; async mode ignores the replicas."""
     from prometheus_client import CollectorRegistry, Gauge
 
     from feeder_svc.feeder import PromptFeeder
@@ -53,7 +54,6 @@ async def test_sync_feeder_waits_for_the_batch_and_the_replicas(tmp_path, broker
     from services.queues import make_queue
 
     treg, rreg = CollectorRegistry(), CollectorRegistry()
-    samples = Gauge("meshrl_trainer_samples_total", "stand-in", registry=treg)
     version = Gauge("meshrl_trainer_policy_version", "stand-in", registry=treg)
     served = Gauge("meshrl_rollout_served_version", "stand-in", registry=rreg)
     trainer, replica = MetricsServer(treg).start(), MetricsServer(rreg).start()
@@ -64,9 +64,14 @@ async def test_sync_feeder_waits_for_the_batch_and_the_replicas(tmp_path, broker
         view = _view(tmp_path, turl, [rurl], broker.address, mode="sync", max_staleness=0)
         loop = FeedLoop(view, PromptFeeder(_rows(20), q, n=2, shuffle=False), FeederMetrics(), [])
         assert await loop.round() == 4  # the first batch
-        samples.set(3 * 2)  # one prompt of it still in flight
+        batch = loop.feeder.fed_uids()
+
+        async def train(uids):  # what the trainer records when the step commits
+            await q.record_stage([f"{u}/{k}" for u in uids for k in range(2)], "trained")
+
+        await train(batch[:3])  # one prompt of it still in flight
         assert await loop.round() == 0
-        samples.set(4 * 2)
+        await train(batch[3:])
         version.set(1)  # trained; the replica still serves version 0
         assert await loop.round() == 0
         served.set(1)
@@ -74,7 +79,6 @@ async def test_sync_feeder_waits_for_the_batch_and_the_replicas(tmp_path, broker
         assert loop.status()["in_flight"] == 4 and loop.status()["prompts_fed"] == 8
         assert await q.depth() == 8
         view = _view(tmp_path, turl, [rurl], broker.address, max_staleness=1)
-        samples.set(0)
         served.set(0)
         async_loop = FeedLoop(view, PromptFeeder(_rows(20), q, n=2, shuffle=False), FeederMetrics(), [])
         assert await async_loop.round() == 8  # (max_staleness + 1) x 4, whatever the replicas serve

@@ -15,8 +15,9 @@ import pytest
 
 from reward_svc.decode import load_decoder
 from reward_svc.manager import RewardManager
-from reward_svc.sandbox.pool import SandboxPool, SandboxSpec, SandboxStartError
+from reward_svc.sandbox.pool import SandboxPool, SandboxSpec
 from services.config.reward import RewardConfig
+from services.sandbox.process import SandboxStartError
 from tests.unit.reward_common import last_valid_index, make_group, write_tokenizer
 
 pytestmark = pytest.mark.timeout(120)

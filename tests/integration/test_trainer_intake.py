@@ -61,19 +61,19 @@ async def test_stale_samples_are_dropped_counted_and_acked_after_commit(server):
     assert uids == ["fresh", "fresh", "mixed", "fresh2", "fresh2"]
     assert list(pending.data.non_tensor_batch["sample_id"]) == ["fresh/0", "fresh/1", "mixed/0", "fresh2/0", "fresh2/1"]
     assert pending.staleness == [0, 0, 1, 1, 1]
-    # dropped at once: all-stale/0, all-stale/1, future/0, future/1; mixed/1 counts when its
-    # item is acked with the step (it goes back unacked if the step never commits)
-    assert intake.counters.dropped_stale == 4 and pending.dropped_stale == 1
-    assert pending.dropped_ids == ["mixed/1"]
+    # all-stale/0, all-stale/1, future/0, future/1 and mixed/1 count when their items are
+    # acked with the step (they go back unacked if the step never commits)
+    assert intake.counters.dropped_stale == 0 and pending.dropped_stale == 5
+    assert pending.dropped_ids == ["mixed/1"] and len(pending.dropped_items) == 2
     # collated to the longest prompt (6) and response (7)
     assert tuple(pending.data.batch["responses"].shape) == (5, 7)
     assert tuple(pending.data.batch["input_ids"].shape) == (5, 13)
     assert int(pending.data.batch["response_mask"][0, 5:].sum()) == 0  # right padding is masked
-    # nothing trained is acked before the commit; the all-stale group was acked at once
+    # nothing is acked before the commit; the ledger knows at once the groups that are done
     stages = await consumer.stages(["fresh/0", "all-stale/0", "future/1", "mixed/1"])
     assert stages["all-stale/0"] == "dropped" and stages["future/1"] == "dropped"
     assert stages["fresh/0"] != "trained"
-    assert await consumer.depth() == 3
+    assert await consumer.depth() == 5
     await intake.commit(pending)
     assert await consumer.depth() == 0
     stages = await consumer.stages(["fresh/0", "fresh2/1", "mixed/0", "mixed/1"])
@@ -140,6 +140,7 @@ async def test_malformed_items_are_dropped_with_a_reason_and_training_goes_on(se
     with caplog.at_level("ERROR"):
         pending = await intake.next_batch(0, timeout=10)
     assert list(pending.data.non_tensor_batch["uid"]) == ["good", "good"]
+    await intake.commit(pending)
     assert intake.counters.dropped_error == 4
     assert "token_level_scores" in caplog.text and "last R columns" in caplog.text
     assert await consumer.stages(["no-scores/0", "bad-shape/1"]) == {"no-scores/0": "dropped", "bad-shape/1": "dropped"}
@@ -174,6 +175,8 @@ async def test_deferred_acks_wait_for_the_checkpoint_and_a_restart_trains_nothin
     first = await intake.next_batch(0, timeout=10)
     await intake.commit(first)
     assert await consumer.depth() == 3  # trained, held until a checkpoint covers it
+    # ... but the ledger says trained at once (the feeder counts the prompt finished)
+    assert await consumer.stages(["g0/0", "g0/1"]) == {"g0/0": "trained", "g0/1": "trained"}
     checkpoint = intake.state()  # what the checkpoint of step 1 records ...
     second = await intake.next_batch(0, timeout=10)
     await intake.commit(second)  # ... step 2 is trained after it, then the trainer dies
@@ -212,5 +215,34 @@ async def test_an_own_lease_handed_back_while_the_batch_fills_is_not_trained_twi
     await intake.commit(pending)
     assert intake.counters.dropped_stale == 1 and intake.counters.samples_trained == 3
     assert await consumer.stages(["early/0", "early/1"]) == {"early/0": "dropped", "early/1": "trained"}
+    await producer.close()
+    await consumer.close()
+
+
+async def test_groups_dropped_after_the_checkpoint_are_counted_once_by_the_restored_trainer(server):
+    """A group with nothing to train is in the ledger as dropped at once, but counted and acked
+    with its step: a trainer killed before that step's checkpoint, restored from the one
+    before, screens it again and counts it once -- its drops are never forgotten (acked at
+    once, they would be: gone from the stream, missing from the restored counters)."""
+    producer, consumer = await _pair(server)
+    await producer.put([_group("stale", [1, 1]), _group("fresh", [3, 3])])
+    intake = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2, defer_acks=True)
+    intake.counters.samples_trained = 6  # what the last checkpoint holds
+    checkpoint = intake.state()
+    pending = await intake.next_batch(3, timeout=10)
+    assert [str(it.sample_ids[0]) for it in pending.dropped_items] == ["stale/0"]
+    assert await consumer.stages(["stale/0", "stale/1"]) == {"stale/0": "dropped", "stale/1": "dropped"}
+    await intake.commit(pending)
+    assert intake.counters.dropped_stale == 2 and await consumer.depth() == 2  # held for the checkpoint
+    await consumer.close()  # killed before it
+    consumer = make_queue(_cfg(server), stream="experience", group="trainer", consumer="trainer-0")
+    again = QueueIntake(consumer, train_batch_size=1, max_staleness=0, poll_s=0.2, defer_acks=True)
+    again.restore(checkpoint)
+    batch = await again.next_batch(3, timeout=10)
+    await again.commit(batch)
+    await again.acks_due()
+    assert (again.counters.samples_trained, again.counters.dropped_stale) == (8, 2)
+    assert await consumer.depth() == 0
+    assert await consumer.stages(["fresh/0", "stale/1"]) == {"fresh/0": "trained", "stale/1": "dropped"}
     await producer.close()
     await consumer.close()

@@ -151,6 +151,73 @@ def test_restarted_publisher_starts_a_new_version_line():
         first.close()
 
 
+#: A trainer's publisher in a process of its own, on fixed ports (as ``meshrl run`` gives the
+#: trainer): publishes v1 and v2 to the first replica that subscribes, says so, then idles
+#: until it is killed.
+_PUBLISHER = """
+import sys, torch
+from services.config.weights import WeightChannelConfig
+from services.weights import WeightPublisher
+cfg = WeightChannelConfig(control_port=int(sys.argv[1]), rendezvous_port=int(sys.argv[2]), bucket_mb=0.001,
+                          transfer_timeout_s=10.0)
+pub = WeightPublisher(cfg).start()
+assert pub.wait_for_replicas(1, timeout=30)
+for v in (1, 2):
+    report = pub.publish(v, [("w", torch.full((300,), float(v))), ("b", torch.arange(v + 1))])
+    assert report.error is None, report
+print(pub.session, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_publisher_restarted_on_the_same_ports_is_followed_at_once():
+    """The trainer is SIGKILLed and comes back on the same control and rendezvous ports: the
+    receiver's rendezvous client of the dead session must not be used again (its socket
+    leads to the dead store), so the new session's first publish reaches the replica."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from services.net import free_port
+
+    control, rendezvous = free_port(), free_port()
+    root = Path(__file__).resolve().parents[2]
+    first = subprocess.Popen([sys.executable, "-c", _PUBLISHER, str(control), str(rendezvous)], cwd=root,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1"))
+    rx = WeightReceiver(cfg(connect_timeout_s=30), "r0", address=f"127.0.0.1:{control}")
+    second = None
+    try:
+        rx.connect(timeout=60)
+        for v in (1, 2):  # the replica formed a group with the first session: it holds a store client
+            update = rx.wait_for_update(timeout=30)
+            assert update is not None and update.version == v
+            assert torch.equal(dict(update.tensors())["w"], named(v)[0][1])
+            rx.report_loaded(v)
+        old_session = int(first.stdout.readline())
+        assert old_session == rx.session
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(30)
+        second = WeightPublisher(cfg(control_port=control, rendezvous_port=rendezvous)).start()
+        assert second.rendezvous_port == rendezvous
+        assert second.wait_for_replicas(1, timeout=30)  # the receiver re-subscribed
+        report, update, got, err = publish_and_take(second, rx, 1, iter(named(1)))
+        assert report.error is None and report.delivered == ["r0"], report
+        assert err is None and update.session == second.session != old_session
+        assert torch.equal(got[0][1], named(1)[0][1])
+        report, update, got, err = publish_and_take(second, rx, 2, iter(named(2)))  # and the same epoch goes on
+        assert report.error is None and report.delivered == ["r0"] and err is None, report
+    finally:
+        rx.close()
+        if second is not None:
+            second.close()
+        if first.poll() is None:
+            first.kill()
+            first.wait(30)
+
+
 def test_receiver_without_publisher_fails_fast():
     from services.net import free_port
 

@@ -100,7 +100,7 @@ def test_a_replica_serving_too_old_a_version_for_too_long_is_stuck():
 
 
 def test_a_worker_reads_the_jobs_restart_policy_and_probes_wildcard_binds_on_the_loopback(tmp_path):
-    from services.launch.deployment import job_restart_policy, local_address
+    from services.launch.worker import job_restart_policy, local_address
 
     (tmp_path / "spec.yaml").write_text("services:\n  restart:\n    max_restarts: 7\n    heartbeat_timeout_s: 9\n")
     policy = job_restart_policy(tmp_path)

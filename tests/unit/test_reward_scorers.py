@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from reward_svc.scorers import BUILTIN_SCORERS, arith, countdown, default_compute_score, gsm8k, math_boxed
-from reward_svc.scorers.safe_arith import ArithError, evaluate
+from services.safe_arith import ArithError, evaluate
 
 
 # ---------------------------------------------------------------- GSM8K

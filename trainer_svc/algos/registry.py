@@ -20,6 +20,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from services.registry import ADV_ESTIMATORS, POLICY_LOSSES
+
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
     "POLICY_LOSS_REGISTRY",
@@ -53,6 +55,11 @@ def _current(name: str) -> MutableMapping[str, Callable]:
     if isinstance(public, MutableMapping) and public is not _BUILT_IN[name]:
         return public
     return globals()[name]
+
+
+# The job spec's checks (services.config.names) see these registries as they are bound now.
+ADV_ESTIMATORS.attach(lambda: _current("ADV_ESTIMATOR_REGISTRY"))
+POLICY_LOSSES.attach(lambda: _current("POLICY_LOSS_REGISTRY"))
 
 
 class AdvantageEstimator(str, Enum):

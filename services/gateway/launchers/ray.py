@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from services.launch.base import JobState, JobStatus, LaunchError, Launcher
+from services.gateway.launchers.base import JobState, JobStatus, LaunchError, Launcher
 
 ACTOR_PREFIX = "meshrl-job-"
 NAMESPACE = "meshrl"
@@ -36,7 +36,7 @@ class _JobRunner:
     def __init__(self, command: list[str] | None, env: dict[str, str]) -> None:
         import ray
 
-        from services.launch.local import LocalLauncher
+        from services.gateway.launchers.local import LocalLauncher
 
         # a job with services.launcher=ray places its services on this same cluster
         env = {"RAY_ADDRESS": ray.get_runtime_context().gcs_address, **env}
@@ -84,7 +84,7 @@ class RayLauncher(Launcher):
     ) -> None:
         """``address``: the cluster (``host:port`` of the head's GCS, ``ray://...``, or
         ``auto``; default ``$RAY_ADDRESS`` or ``auto``). ``command``/``env`` as for
-        :class:`~services.launch.local.LocalLauncher`. ``num_cpus``: what the actor itself
+        :class:`~services.gateway.launchers.local.LocalLauncher`. ``num_cpus``: what the actor itself
         reserves (0: the driver's services are not Ray tasks and manage their own CPUs)."""
         self.address = address or os.environ.get("RAY_ADDRESS", "auto")
         self.namespace = namespace

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from services.config.views import write_private
-from services.launch.base import JobState, JobStatus, LaunchError, Launcher
+from services.gateway.launchers.base import JobState, JobStatus, LaunchError, Launcher
 
 STATUS_FILE = "status.json"
 SPEC_FILE = "spec.yaml"

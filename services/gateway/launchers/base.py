@@ -1,8 +1,8 @@
-"""The launcher interface shared by the CLI (`meshrl run`) and the gateway.
+"""The interface of the gateway's job launchers.
 
-A launcher turns a validated job spec into running services and answers for them:
+A launcher turns a validated job spec into a running job and answers for it:
 
-    launcher = make_launcher("local")
+    launcher = make_launcher("local")                       # registry.py: kind -> implementation
     handle = launcher.start(job_id, spec_yaml, run_dir)     # returns at once
     launcher.status(handle)   -> JobStatus(state, detail, exit_code, metrics_url)
     launcher.pause(handle); launcher.resume(handle); launcher.cancel(handle, timeout=30)
@@ -72,19 +72,3 @@ class Launcher(abc.ABC):
     def cancel(self, handle: dict[str, Any], timeout: float = 30.0) -> None:
         """Stop every service of the job: terminate, then kill after ``timeout``."""
 
-
-def make_launcher(kind: str, **kwargs: Any) -> Launcher:
-    """The launcher for ``kind``: "local", "ray" or "deployment" (the deployment's own services)."""
-    if kind == "local":
-        from services.launch.local import LocalLauncher
-
-        return LocalLauncher(**kwargs)
-    if kind == "ray":
-        from services.launch.ray import RayLauncher
-
-        return RayLauncher(**kwargs)
-    if kind == "deployment":
-        from services.launch.deployment import DeploymentLauncher
-
-        return DeploymentLauncher(**kwargs)
-    raise LaunchError(f"unknown launcher {kind!r}; expected 'local', 'ray' or 'deployment'")

@@ -1,5 +1,8 @@
 """A safe arithmetic evaluator: a tiny recursive-descent parser, never ``eval``.
 
+Shared by the countdown scorer (``reward_svc.scorers.countdown``) and the calculator tool
+(``rollout_svc.tools.calculator``).
+
 Grammar (whitespace ignored)::
 
     expr   := term (("+" | "-") term)*
