@@ -39,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         child = ["-m", "trainer_svc", "--config", args.config, "--as-rank", "--log-level", args.log_level,
                  "--id", args.id]
         return spawn_ranks(child + list(args.overrides), spec.resources.nproc, threads=spec.resources.torch_threads)
+    from trainer_svc.launch import die_with_launcher
     from trainer_svc.main_rank import run_rank
 
+    die_with_launcher()
     return run_rank(spec, consumer=args.id, log_level=args.log_level)
 
 

@@ -4,8 +4,11 @@ The parent picks a free rendezvous port, starts one child per rank with ``RANK``
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set (``init_process_group``
 then meets through a TCPStore on rank 0), forwards SIGTERM/SIGINT to them, and if any
 rank fails it terminates the rest (then kills them after a grace period). Returns the
-first non-zero exit code (``128 + N`` for a rank killed by signal N, as shells do), or 0. On Linux a rank also gets SIGTERM if the launcher itself
-dies (``PR_SET_PDEATHSIG``), so no rank outlives it.
+first non-zero exit code (``128 + N`` for a rank killed by signal N, as shells do), or 0. On
+Linux a rank also gets SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so no rank
+outlives it: the rank asks for that itself as it starts (:func:`die_with_launcher`), because
+running Python between fork and exec (``preexec_fn``) is unsafe in a process with threads --
+a gRPC event engine in the launcher's process aborts the child.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def rank_env(rank: int, world: int, port: int, threads: int, base: dict[str, str
         MASTER_PORT=str(port),
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
+        MESHRL_LAUNCHER_PID=str(os.getpid()),
     )
     # The ranks share this machine: their data ports listen on loopback only.
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -57,7 +61,7 @@ def spawn_ranks(
     port = free_port()
     per_rank = threads or max(1, len(available_cpus()) // nproc)
     procs = [
-        subprocess.Popen([sys.executable, *argv], env=rank_env(r, nproc, port, per_rank, env), preexec_fn=_term_with_parent)
+        subprocess.Popen([sys.executable, *argv], env=rank_env(r, nproc, port, per_rank, env))
         for r in range(nproc)
     ]
 
@@ -89,15 +93,21 @@ def spawn_ranks(
     return code
 
 
-def _term_with_parent() -> None:
-    """In the child (Linux): get SIGTERM when the launcher dies, even by SIGKILL, so ranks
-    checkpoint and exit instead of training on as orphans."""
+def die_with_launcher() -> None:
+    """In a rank, first thing (Linux): get SIGTERM when the launcher dies, even by SIGKILL, so
+    ranks checkpoint and exit instead of training on as orphans; if it died already (before
+    this call), SIGTERM now."""
+    launcher = os.environ.get("MESHRL_LAUNCHER_PID")
+    if not launcher:
+        return
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != int(launcher):
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:

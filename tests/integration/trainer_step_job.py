@@ -18,6 +18,9 @@ from pathlib import Path
 
 
 def main() -> int:
+    from trainer_svc.launch import die_with_launcher
+
+    die_with_launcher()
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
     ap.add_argument("out")
