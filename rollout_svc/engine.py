@@ -151,6 +151,13 @@ class RolloutEngine:
             # greedy prompts then take 0.4 s), and later batches are no faster for it. The
             # engine's processes are spawned, so they read this before importing torch.
             os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+        if current_platform.is_cpu() and self.cfg.tensor_model_parallel_size == 1:
+            # One worker: run it inside vLLM's engine-core process (the "uni" executor, as
+            # vLLM does on GPUs) instead of a third process. vLLM's CPU platform forces its
+            # multiprocess executor unless this is 0; the engine core itself stays a process of
+            # its own (AsyncLLM always spawns it). Each spawned process imports torch and vLLM
+            # again: the third one made a replica's start about twice as long (docs/performance.md).
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm.v1.engine.async_llm import AsyncLLM
 
         def build():
