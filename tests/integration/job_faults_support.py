@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,6 +101,15 @@ class Job:
         return self.wait_for(lambda s: s["services"][service]["pid"] != old_pid and s["services"][service]["alive"]
                              and not s["services"][service]["restarting"], f"{service} restarted", timeout)
 
+    def wait_served(self, replica: str, version: int, timeout: float) -> None:
+        """Until ``replica``'s log says it serves ``version`` or a later one."""
+        deadline = time.monotonic() + timeout
+        while not any(v >= version for _, v in served_versions(self.log(replica))):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{replica} did not serve version {version} within {timeout}s; it served "
+                                     f"{served_versions(self.log(replica))[-5:]}\n{self.output()[-3000:]}")
+            time.sleep(0.5)
+
     def finish(self, timeout: float = 1500.0) -> int:
         try:
             return self.proc.wait(timeout=timeout)
@@ -181,3 +191,32 @@ def admission_trace(run_dir: Path, n: int) -> list[int]:
             if uids:
                 trace.append(len(pending) + sum(1 for u in uids if u not in pending))
     return trace
+
+
+def _log_time(line: str) -> float | None:
+    m = re.search(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", line)
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+def first_versions_after_restarts(trainer_log: str) -> list[tuple[float, int]]:
+    """For every trainer incarnation that resumed from a checkpoint: (when it resumed, the
+    version its first training step published)."""
+    out, resumed_at = [], None
+    for line in trainer_log.splitlines():
+        if "resumed from" in line:
+            resumed_at = _log_time(line)
+        m = re.search(r"meshrl.trainer: step \d+ version (\d+) applied", line)
+        if m and resumed_at is not None:
+            out.append((resumed_at, int(m.group(1))))
+            resumed_at = None
+    return out
+
+
+def served_versions(replica_log: str) -> list[tuple[float, int]]:
+    """(when, version) of every version the replica reported serving."""
+    out = []
+    for line in replica_log.splitlines():
+        m = re.search(r"now serves policy version (\d+)", line)
+        if m and (t := _log_time(line)) is not None:
+            out.append((t, int(m.group(1))))
+    return out
