@@ -101,6 +101,21 @@ class Job:
         return self.wait_for(lambda s: s["services"][service]["pid"] != old_pid and s["services"][service]["alive"]
                              and not s["services"][service]["restarting"], f"{service} restarted", timeout)
 
+    def trained_since_restart(self) -> int | None:
+        """The last version the trainer's current incarnation applied (its log since its last
+        ``resumed from`` line); None while it has trained nothing."""
+        log = self.log("trainer")
+        since = max(log.rfind("resumed from"), 0)
+        versions = re.findall(r"meshrl\.trainer: step \d+ version (\d+) applied", log[since:])
+        return int(versions[-1]) if versions else None
+
+    def wait_trained_since_restart(self, timeout: float = 600.0) -> int:
+        """Until the restarted trainer has trained a step of its own; returns its version. (The
+        step in ``status.json`` can lag the trainer by a poll: after a restart it may still be
+        the step of the incarnation before.)"""
+        self.wait_for(lambda _: self.trained_since_restart() is not None, "a step of the restarted trainer", timeout)
+        return self.trained_since_restart()
+
     def wait_served(self, replica: str, version: int, timeout: float) -> None:
         """Until ``replica``'s log says it serves ``version`` or a later one."""
         deadline = time.monotonic() + timeout

@@ -62,7 +62,7 @@ def test_services_killed_again_and_again_and_the_whole_job_killed_during_a_train
         # crashed, so the supervisor kills it after the heartbeat timeout and starts it again
         old = job.kill("reward-0", signal.SIGSTOP)
         job.wait_back("reward-0", old)
-        step = job.wait_step(2)["step"]
+        job.wait_step(2)
         # the trainer, at three moments; no step is waited for between the last two
         for kill, then_a_step in ((lambda: job.kill_tree("trainer"), True),  # as a step ends
                                   (lambda: _kill_trainer_when(job, "setting pause state to PAUSED_ALL"), False),
@@ -70,14 +70,14 @@ def test_services_killed_again_and_again_and_the_whole_job_killed_during_a_train
             old = kill()
             job.wait_back("trainer", old)
             if then_a_step:
-                step = job.wait_step(step + 1)["step"]
+                job.wait_trained_since_restart()
         old = job.kill_tree("trainer")
         job.kill_tree("rollout-1")  # a replica lost while the trainer restarts (it comes back in the background)
         job.wait_back("trainer", old)
-        step = job.wait_step(step + 1)["step"]
-        # the replica never killed follows this restarted trainer too (it publishes a version
-        # per step, which is the step's number here): within a publish or two, not after a kill
-        job.wait_served("rollout-0", step, timeout=120)
+        version = job.wait_trained_since_restart()
+        # the replica never killed follows this restarted trainer too: within a publish or
+        # two, not after a version-lag kill
+        job.wait_served("rollout-0", version, timeout=120)
         first_run = job.output()
         trainer_log, replica_log = job.log("trainer"), job.log("rollout-0")
         job.kill_tree("trainer")
