@@ -120,7 +120,9 @@ def test_services_killed_again_and_again_and_the_whole_job_killed_during_a_train
 def test_one_replica_killed_then_frozen_then_the_job_is_stopped_and_resumed(tmp_path, tiny_model, arith_data):
     """One replica: SIGKILL it (the mesh waits for its restart), SIGSTOP it across a weight
     publication and SIGCONT it, then SIGTERM the job and resume it with the same command."""
-    job = Job(tmp_path / "run", tiny_model, arith_data, "trainer.total_steps=6").start()
+    # 30 steps: on a quiet machine the first 4 steps take half a second and a replica's restart
+    # about 20 s, so 6 steps were all done before the SIGTERM below
+    job = Job(tmp_path / "run", tiny_model, arith_data, "trainer.total_steps=30").start()
     try:
         job.wait_step(1)
         old = job.kill("rollout-0")
