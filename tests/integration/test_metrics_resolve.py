@@ -203,7 +203,9 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
     from services.data.parquet import write_rows
 
     train = write_rows(synthetic.arith_rows(64, seed=0, split="train"), tmp_path / "data" / "train.parquet")
-    spec = tiny_job_spec("metrics-real", tiny_model, train, total_steps=4)
+    # 40 steps: long enough for the scraper (every 0.5 s) to see every service while the job
+    # runs; on a quiet machine 4 steps took one second, gone before the services were scraped
+    spec = tiny_job_spec("metrics-real", tiny_model, train, total_steps=40)
     scraper = Scraper().start()
     # Only the gateway, as the shipped Prometheus configs scrape it (deploy/prometheus/prometheus.yml,
     # deploy/k8s/monitoring.yaml: a fixed target, the token): the job-level series must be there.
