@@ -13,6 +13,11 @@ place while requests are in flight:
 - ``on_weight_update="abort_requeue"``: in-flight requests are aborted, and every group with
   an aborted sample is regenerated from scratch under the new version.
 
+A canary replica (``weights.rollout.mode: canary``) loads a candidate version with its
+requests in flight aborted and regenerated, whatever ``on_weight_update`` says: every sample
+of a candidate is then made by that version alone, so a rejected version's samples are
+exactly the ones that carry its number.
+
 Weights from the weight channel are received inside the vLLM worker process and streamed
 into the model bucket by bucket (:mod:`rollout_svc.weight_stream`); this class pauses and
 resumes the scheduler around each load and keeps the served version. A load that failed
@@ -349,14 +354,15 @@ class RolloutEngine:
         if version <= self.version and not rollback:
             raise WeightUpdateError(f"version {version} is not newer than the served version {self.version}")
 
-    async def _swap(self, load, version: int | None, on_loaded=None) -> dict:
+    async def _swap(self, load, version: int | None, on_loaded=None, abort: bool = False) -> dict:
         """Pause the scheduler, run ``load()`` (a worker RPC returning the worker's report;
         ``version`` None: the report names it),
         then resume -- unless the load failed after touching the model (``weights_dirty``):
-        then stay paused until a later ``_swap`` succeeds."""
+        then stay paused until a later ``_swap`` succeeds. ``abort``: abort the requests in
+        flight (they are regenerated) whatever ``on_weight_update`` says."""
         async with self._update_lock:
             deadline = self.cfg.weight_update_timeout_s
-            mode = "keep" if self.cfg.on_weight_update == "finish" else "abort"
+            mode = "keep" if self.cfg.on_weight_update == "finish" and not abort else "abort"
             clock = time.perf_counter()
             timing: dict[str, float] = {}
 
@@ -418,11 +424,13 @@ class RolloutEngine:
     async def _rpc(self, method: str, *args, timeout: float | None = None) -> list:
         return await self.llm.collective_rpc(method, timeout=timeout or self.cfg.weight_update_timeout_s, args=args)
 
-    async def open_weight_channel(self, cfg, replica_id: str, served_session: int, notify_addr: str | None) -> dict:
-        """Subscribe every worker to the publisher ``cfg`` (a WeightChannelConfig) describes."""
+    async def open_weight_channel(self, cfg, replica_id: str, served_session: int, notify_addr: str | None,
+                                  promoted_only: bool = False) -> dict:
+        """Subscribe every worker to the publisher ``cfg`` (a WeightChannelConfig) describes
+        (``promoted_only``: never as a canary)."""
         manifest = self.manifest.to_json() if self.manifest is not None else None
         states = await self._rpc("meshrl_weights_open", cfg.model_dump_json(), replica_id, self.version,
-                                 served_session, manifest, notify_addr,
+                                 served_session, manifest, notify_addr, promoted_only,
                                  timeout=cfg.connect_timeout_s + self.cfg.weight_update_timeout_s)
         return states[0]
 
@@ -431,16 +439,18 @@ class RolloutEngine:
         states = await self._rpc("meshrl_weights_state")
         return next((s for s in states if s.get("fatal")), states[0])
 
-    async def load_from_channel(self, version: int, *, rollback: bool = False, on_loaded=None) -> dict:
+    async def load_from_channel(self, version: int, *, rollback: bool = False, on_loaded=None,
+                                abort: bool = False) -> dict:
         """Stream the pending channel ``version`` into the model (paused meanwhile).
-        Returns the worker's report (``ok``, ``error``, ``refused``, ``touched``, bytes...)."""
+        Returns the worker's report (``ok``, ``error``, ``refused``, ``touched``, bytes...).
+        ``abort``: see ``_swap`` (a canary's candidate)."""
         self._check_version(version, rollback)
 
         async def load() -> dict:
             return _combine(await self._rpc("meshrl_weights_load", version))
 
         t0 = time.perf_counter()
-        res = await self._swap(load, version, on_loaded)
+        res = await self._swap(load, version, on_loaded, abort)
         if res.get("ok"):
             self.last_weight_load_s = time.perf_counter() - t0
         return res
@@ -448,10 +458,11 @@ class RolloutEngine:
     async def skip_channel_update(self, version: int) -> dict:
         return _combine(await self._rpc("meshrl_weights_skip", version))
 
-    async def load_channel_snapshot(self, min_version: int, timeout_s: float, on_loaded=None) -> dict | None:
+    async def load_channel_snapshot(self, min_version: int, timeout_s: float, on_loaded=None,
+                                    abort: bool = False) -> dict | None:
         """Load the publisher's snapshot if it is at least ``min_version`` (the caller picks
         it so that any such snapshot supersedes the served weights); None when there is none.
-        The report has the snapshot's ``version`` and ``session``."""
+        The report has the snapshot's ``version`` and ``session``. ``abort``: see ``_swap``."""
         async def load() -> dict | None:
             res = await self._rpc("meshrl_weights_load_snapshot", min_version, timeout_s,
                                   timeout=timeout_s + self.cfg.weight_update_timeout_s)
@@ -460,7 +471,7 @@ class RolloutEngine:
             return _combine(res)
 
         t0 = time.perf_counter()
-        res = await self._swap(load, None, on_loaded)
+        res = await self._swap(load, None, on_loaded, abort)
         if res.get("none"):
             return None
         if res.get("ok"):

@@ -45,6 +45,8 @@ class RolloutMetrics:
         self.served_version = Gauge("meshrl_rollout_served_version", "Policy version the engine serves", registry=r)
         self.tokens_per_s = Gauge("meshrl_rollout_tokens_per_second", "Recent generation throughput", registry=r)
         self.paused = Gauge("meshrl_rollout_paused", "1 when the stream loop is paused", registry=r)
+        self.canary = Gauge("meshrl_rollout_canary", "weights.rollout.mode=canary: 1 when this replica is a canary "
+                            "(serves candidates), 0 when it serves promoted versions; -1 in mode all", registry=r)
 
     def bind(self, replica: Any) -> None:
         """Make the gauges read ``replica``'s live state at scrape time."""
@@ -53,6 +55,7 @@ class RolloutMetrics:
         self.served_version.set_function(lambda: replica.engine.version)
         self.tokens_per_s.set_function(lambda: replica.rate.rate())
         self.paused.set_function(lambda: 1.0 if replica.paused else 0.0)
+        self.canary.set_function(lambda: -1.0 if replica.weights_canary is None else float(replica.weights_canary))
 
     def observe_group(self, *, tokens: int, errors: int, generate_s: float) -> None:
         self.tokens.inc(tokens)

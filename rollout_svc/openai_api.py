@@ -12,7 +12,9 @@ requests batched with whatever else is running.
 Every answer says which policy version produced it: ``policy_version`` in the body (the
 oldest version any of its choices was generated with: a version that arrives mid-request
 lets the request finish on the new weights, as in training) and ``system_fingerprint``
-``meshrl-policy-v<N>``; ``/v1/models`` lists the model with the version served now.
+``meshrl-policy-v<N>``; ``/v1/models`` lists the model with the version served now. With the
+canary gate (``weights.rollout.mode: canary``) that is always a promoted version: the server
+subscribes as promoted-only, so it is never a canary and never loads a candidate.
 
 The HTTP side (routing, Ray Serve) is :mod:`rollout_svc.ray_serve`; this module raises
 :class:`OpenAIError` (status, message, parameter) for bad input, which it turns into an
@@ -119,6 +121,7 @@ class PolicyServer:
         self.engine = RolloutEngine(cfg, view.model.path, dtype=view.model.dtype, tokenizer=view.model.tokenizer_path,
                                     trust_remote_code=view.model.trust_remote_code)
         self.replica = Replica(self.engine, cfg, name=name)  # no queues: it serves requests only
+        self.replica.promoted_only = True  # users never see a canary's candidate (weights.rollout.mode=canary)
         self.tokenizer = None
         self.created = int(time.time())
         self._stop = asyncio.Event()
@@ -165,8 +168,10 @@ class PolicyServer:
         return {"object": "list", "data": [self._model_card()]}
 
     def _model_card(self) -> dict[str, Any]:
+        # canary mode: policy_version is the promoted version ("promoted"); mode all: the newest ("latest")
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "meshrl",
-                "policy_version": self.version, "max_model_len": self.engine.cfg.prompt_length
+                "policy_version": self.version, "policy": "latest" if self.replica.weights_canary is None
+                else "promoted", "max_model_len": self.engine.cfg.prompt_length
                 + self.engine.cfg.response_length}  # fmt: skip
 
     async def completions(self, body: Any) -> dict[str, Any]:

@@ -125,6 +125,8 @@ class Replica:
         self.groups_done = 0
         self.weight_updates = 0
         self.weights_session = 0  # weight-channel session of the served version (0: initial weights)
+        self.weights_canary: bool | None = None  # canary mode: whether this replica is a canary (None: mode all)
+        self.promoted_only = False  # never a canary: serve promoted versions only (the live-policy endpoint)
         self.rate = RateTracker()
         self._tasks: set[asyncio.Task] = set()
         self._leased_ids: set[Any] = set()  # entry ids of the prompt items being generated
@@ -377,6 +379,7 @@ class Replica:
             "replica": self.name,
             "model": self.engine.model,
             "served_version": self.engine.version,
+            "weights_role": {True: "canary", False: "promoted", None: "all"}[self.weights_canary],
             "ready": self.engine.healthy and not self.engine.weights_dirty,
             "paused": self.paused,
             "requests_in_flight": self.engine.in_flight,

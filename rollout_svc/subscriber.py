@@ -16,6 +16,12 @@ A transfer that fails before any tensor reached the model leaves the engine on i
 version; one that fails later leaves it paused until a complete version (the snapshot,
 or the next publish) is loaded. A version the worker refuses (wrong names/shapes) is
 logged and skipped. Nothing here blocks the event loop.
+
+With the canary gate (``weights.rollout.mode: canary``) the publisher also names the
+version this replica is to serve (the worker's state has ``target_version``); then
+:func:`serve_target` decides instead of the catch-up rules: the target arrives by broadcast
+(a canary's candidate) or is loaded from the snapshot (a promotion, a canary's rollback
+after a rejection, a late join), and a broadcast of any other version is skipped.
 """
 
 from __future__ import annotations
@@ -135,6 +141,60 @@ async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: floa
             return False  # a new version is arriving: load that instead
 
 
+class _Expected:
+    """A canary's candidate, expected by broadcast: when its SERVE was first seen."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.since = 0.0
+
+    def waiting(self, key: tuple[int, int], patience_s: float) -> bool:
+        """True while the broadcast of ``key`` (session, version) may still begin."""
+        if key != self.key:
+            self.key, self.since = key, time.monotonic()
+        return time.monotonic() - self.since < patience_s
+
+    def give_up(self) -> None:
+        self.since = float("-inf")
+
+
+async def serve_target(replica: Replica, st: dict, session: int, timeout_s: float, notes: "_Notes", poll_s: float,
+                       refused: set, expected: _Expected) -> bool:
+    """Canary mode: bring the engine to the version the publisher says it is to serve.
+
+    Returns False when that version is pending in the worker (its broadcast): the caller
+    streams it in; True when this call did the step (loaded the target's snapshot, skipped
+    another version's broadcast, or waited)."""
+    engine = replica.engine
+    target, canary = int(st["target_version"]), bool(st["canary"])
+    pending = st.get("pending_version")
+    if pending is not None:
+        if pending == target and st.get("pending_session") == session and (
+                replica.supersedes(target, session) or engine.weights_dirty):
+            return False
+        await engine.skip_channel_update(pending)  # not this replica's version: receive it, keep serving
+        return True
+    if engine.version == target and not replica.other_line(session) and not engine.weights_dirty:
+        await notes.wait(poll_s)
+        return True
+    newer = target > engine.version and not replica.other_line(session) and not engine.weights_dirty
+    if (canary and newer and expected.waiting((session, target), timeout_s)) or (session, target) in refused:
+        await notes.wait(min(poll_s, 1.0))  # the candidate's broadcast is on its way
+        return True
+    res = await engine.load_channel_snapshot(target, timeout_s, _set_session(replica, session), abort=canary)
+    if res is not None and res.get("ok"):
+        await _loaded(replica, res)
+        log.info("replica %s serves v%d (%s, from the snapshot)", replica.name, engine.version,
+                 "canary" if canary else "promoted")
+        return True
+    if res is not None:
+        log.warning("replica %s: loading the snapshot of v%d failed: %s", replica.name, target, res.get("error"))
+        if res.get("refused"):
+            refused.add((session, target))
+    await notes.wait(min(poll_s, 1.0))  # (no snapshot yet, or the target moved: ask again)
+    return True
+
+
 #: How often the loop asks the worker for its channel state without a note from it (a lost
 #: note's worst delay). Every ask is a ``collective_rpc``, after which vLLM's worker busy-polls
 #: its message queue for one second; asking every second kept an idle replica's worker
@@ -151,6 +211,7 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
     needs_catch_up, target = True, -1
     session = None
     refused: set[tuple[int, int]] = set()  # versions found bad: never fetched again
+    expected = _Expected()
     while not stop.is_set():
         hint, notes.update = notes.update, None
         if (hint is not None and hint[0] == session and not needs_catch_up and not engine.weights_dirty
@@ -171,21 +232,29 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
                 continue
             if st["session"] != session:  # first WELCOME, or a restarted publisher
                 session, needs_catch_up, target = st["session"], True, -1
-            if needs_catch_up or engine.weights_dirty:
+            replica.weights_canary = st.get("canary")
+            if st.get("target_version") is not None:  # canary mode: the publisher names the version
+                needs_catch_up = False  # (serve_target catches up)
+                if await serve_target(replica, st, session, timeout, notes, poll_s, refused, expected):
+                    continue
+                version, vsession = st["pending_version"], session
+            elif needs_catch_up or engine.weights_dirty:
                 await catch_up_from_snapshot(replica, session, timeout, target, refused=refused)
                 needs_catch_up, target = False, -1
                 if engine.weights_dirty and st.get("pending_version") is None:
                     await notes.wait(poll_s)  # nothing complete to load yet: wait for the next version
                     continue
-            version, vsession = st.get("pending_version"), st.get("pending_session")
-            if version is None:
-                await notes.wait(poll_s)
-                continue
-            if not replica.supersedes(version, vsession) and not engine.weights_dirty:
-                await engine.skip_channel_update(version)  # receive it, keep serving
-                continue
+            if st.get("target_version") is None:  # mode all: any newer version
+                version, vsession = st.get("pending_version"), st.get("pending_session")
+                if version is None:
+                    await notes.wait(poll_s)
+                    continue
+                if not replica.supersedes(version, vsession) and not engine.weights_dirty:
+                    await engine.skip_channel_update(version)  # receive it, keep serving
+                    continue
         rollback = replica.other_line(vsession) or engine.weights_dirty
-        res = await engine.load_from_channel(version, rollback=rollback, on_loaded=_set_session(replica, vsession))
+        res = await engine.load_from_channel(version, rollback=rollback, on_loaded=_set_session(replica, vsession),
+                                             abort=bool(replica.weights_canary))
         if res.get("not_pending"):
             continue  # the note was stale (a newer version began, or it was taken): ask the worker
         if res.get("ok"):
@@ -197,6 +266,7 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
             log.warning("replica %s: transfer of v%d failed (%s); catching up via snapshot",
                         replica.name, version, res.get("error"))
             needs_catch_up, target = True, version
+            expected.give_up()  # canary mode: its snapshot, not another broadcast
 
 
 async def run_weight_subscriber(replica: Replica, cfg, name: str, stop: asyncio.Event) -> None:
@@ -208,7 +278,7 @@ async def run_weight_subscriber(replica: Replica, cfg, name: str, stop: asyncio.
     try:
         while not stop.is_set():
             try:
-                await engine.open_weight_channel(cfg, name, replica.weights_session, notes.addr)
+                await engine.open_weight_channel(cfg, name, replica.weights_session, notes.addr, replica.promoted_only)
                 await follow_updates(replica, cfg, notes, stop)
             except Exception as exc:  # noqa: BLE001 -- the channel failed: reconnect (RPC errors included)
                 if not engine.healthy:

@@ -243,7 +243,7 @@ class WorkerWeightStream:
     """The weight channel's receiving side in one vLLM worker (see module docstring)."""
 
     def __init__(self, worker: Any, cfg_json: str, replica_id: str, served_version: int, served_session: int,
-                 manifest_json: str | None, notify_addr: str | None):
+                 manifest_json: str | None, notify_addr: str | None, promoted_only: bool = False):
         from services.config.weights import WeightChannelConfig
         from services.weights import WeightReceiver
 
@@ -262,7 +262,7 @@ class WorkerWeightStream:
 
         serve_dtype = DTYPE_NAMES.get(worker.vllm_config.model_config.dtype, "")
         self.rx = WeightReceiver(cfg, replica_id, served_version=served_version, served_session=served_session,
-                                 on_event=self._notify,
+                                 on_event=self._notify, promoted_only=promoted_only,
                                  serve_dtype=serve_dtype if serve_dtype in ("float32", "bfloat16", "float16") else "")
 
     def _notify(self, kind: str) -> None:
@@ -306,7 +306,10 @@ class WorkerWeightStream:
         except WeightChannelError as e:
             fatal, fatal_kind = str(e), ("version" if isinstance(e, VersionError) else "channel")
         p = self._pending
+        target = self.rx.target
         return {
+            "target_version": None if target is None else target[0],  # canary mode: the version to serve
+            "canary": None if target is None else target[1],
             "session": self.rx.session,
             "latest_version": self.rx.latest_version,
             "snapshot_version": self.rx.snapshot_version,

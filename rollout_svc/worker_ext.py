@@ -27,14 +27,17 @@ class MeshWorkerExtension:
     # -- the weight channel, received in this process ---------------------------------------
 
     def meshrl_weights_open(self, cfg_json: str, replica_id: str, served_version: int, served_session: int,
-                            manifest_json: str | None, notify_addr: str | None) -> dict[str, Any]:
-        """Subscribe to the publisher (closing an earlier subscription); returns ``state()``."""
+                            manifest_json: str | None, notify_addr: str | None,
+                            promoted_only: bool = False) -> dict[str, Any]:
+        """Subscribe to the publisher (closing an earlier subscription); returns ``state()``.
+        ``promoted_only``: never a canary (canary mode; the live-policy endpoint)."""
         from rollout_svc.weight_stream import WorkerWeightStream
 
         self.meshrl_weights_close()
         rank = getattr(self, "rank", 0) or 0
         rid = replica_id if rank == 0 else f"{replica_id}.w{rank}"
-        stream = WorkerWeightStream(self, cfg_json, rid, served_version, served_session, manifest_json, notify_addr)
+        stream = WorkerWeightStream(self, cfg_json, rid, served_version, served_session, manifest_json, notify_addr,
+                                    promoted_only)
         state = stream.connect()
         self._meshrl_stream = stream
         return state

@@ -22,6 +22,11 @@ Two sources share one interface (``next_batch`` / ``commit`` / ``state``):
   the checkpoints that acked it, so a trainer restored from an earlier checkpoint screens it
   again instead of forgetting it was ever dropped (acked at once, its count would die with
   the process while the item was gone from the stream).
+  With the canary gate (``weights.rollout.mode: canary``, :mod:`trainer_svc.canary`) the
+  samples of the candidate version under test are held -- neither trained nor acked --
+  until enough were seen; then they are judged in a batch, and trained only if the version
+  is promoted. A sample of a rejected version is dropped, counted as stale (dropped for its
+  version) and, apart, as ``dropped_rejected``.
 - :class:`SyntheticIntake` makes deterministic batches from the step number (smoke runs,
   benchmarks, resume tests): the data cursor is the step.
 """
@@ -38,7 +43,9 @@ import numpy as np
 import torch
 
 from services.protocol import DataProto
+from trainer_svc import canary
 from trainer_svc.batching import collate_groups
+from trainer_svc.canary import sample_errors_and_scores
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +54,9 @@ logger = logging.getLogger(__name__)
 class PendingBatch:
     """A training batch plus what must happen to its sources once the step commits.
 
-    ``data``: the collated batch (``B`` samples). ``items``: leased queue items to ack.
+    ``data``: the collated batch (``B`` samples); None when the canary gate decided at the
+    intake and there is nothing to train (see ``QueueIntake.next_batch``). ``items``: leased
+    queue items to ack.
     ``dropped_items``: leased items none of whose samples is trained (acked as ``dropped``).
     ``dropped_ids``: sample ids dropped (stale or failed) from ``items``.
     ``staleness``: ``current_version - policy_version`` per trained sample.
@@ -55,9 +64,11 @@ class PendingBatch:
     ``dropped_stale`` / ``dropped_error`` / ``scored_failed``: sample counts of the items
     being acked with it, added to the counters when the step commits (an item handed back
     by a stop or a timeout is screened again when it comes back, so it must not count twice).
+    ``dropped_rejected``: of ``dropped_stale``, samples of a version the canary rejected.
+    ``removed``: rows of ``data`` the step left out (see :meth:`remove`).
     """
 
-    data: DataProto
+    data: DataProto | None
     items: list[Any] = field(default_factory=list)
     dropped_items: list[Any] = field(default_factory=list)
     dropped_ids: list[str] = field(default_factory=list)
@@ -67,6 +78,22 @@ class PendingBatch:
     dropped_stale: int = 0
     dropped_error: int = 0
     scored_failed: int = 0
+    dropped_rejected: int = 0
+    removed: int = 0
+
+    def remove(self, rows: torch.Tensor, rejected: bool) -> None:
+        """The step left the rows ``rows`` (bool per row of ``data``) out of the update: a
+        candidate's samples, rejected (or too stale to train): they count as dropped."""
+        n = int(rows.sum())
+        sids = _column(self.data, "sample_id")
+        if sids is not None:
+            self.dropped_ids.extend(str(sids[i]) for i in torch.nonzero(rows).reshape(-1).tolist())
+        keep = (~rows).tolist()
+        self.staleness = [lag for lag, k in zip(self.staleness, keep) if k]
+        self.removed += n
+        self.dropped_stale += n
+        if rejected:
+            self.dropped_rejected += n
 
 
 @dataclass
@@ -78,6 +105,7 @@ class IntakeCounters:
     dropped_stale: int = 0
     dropped_error: int = 0
     scored_failed: int = 0  # trained with score 0 because the reward function failed
+    dropped_rejected: int = 0  # of dropped_stale: samples of a version the canary rejected
     samples_nonfinite: int = 0
     batches: int = 0
 
@@ -137,10 +165,11 @@ def _count(c: IntakeCounters, pending: PendingBatch, applied: bool, groups: int)
     c.dropped_stale += pending.dropped_stale
     c.dropped_error += pending.dropped_error
     c.scored_failed += pending.scored_failed
+    c.dropped_rejected += pending.dropped_rejected
     if applied:
-        c.samples_trained += len(pending.data)
+        c.samples_trained += len(pending.data) - pending.removed
     else:
-        c.samples_nonfinite += len(pending.data)
+        c.samples_nonfinite += len(pending.data) - pending.removed
     c.batches += 1
 
 
@@ -155,8 +184,9 @@ class QueueIntake:
     """
 
     def __init__(self, queue: Any, *, train_batch_size: int, max_staleness: int, poll_s: float = 1.0,
-                 defer_acks: bool = False) -> None:
+                 defer_acks: bool = False, gate: Any = None) -> None:
         self.queue = queue
+        self.gate = gate  # trainer_svc.canary.CanaryGate in canary mode
         self.defer_acks = defer_acks
         self._held: list[tuple[Any, str]] = []  # (item, ledger stage) of committed steps, acked at the next checkpoint
         self._held_ids: set[str] = set()
@@ -191,9 +221,12 @@ class QueueIntake:
             logger.info("intake: recovered %d experience items leased before a restart", len(out))
         return out
 
-    def _screen(self, data: DataProto, current_version: int) -> tuple[torch.Tensor, list[int], int, int, int]:
+    def _screen(self, data: DataProto, current_version: int,
+                judged: int | None = None) -> tuple[torch.Tensor, list[int], int, int, int, int]:
         """Keep-mask over rows, staleness of kept rows, and how many rows were stale /
-        errored (dropped) / trained with a failed score.
+        errored (dropped) / trained with a failed score / of a rejected version (part of
+        the stale ones). Rows of the candidate version ``judged`` are kept however stale:
+        the step judges them, then leaves the stale ones out.
 
         Raises ``ValueError`` naming the column when the item cannot be trained on."""
         validate_experience(data)
@@ -204,7 +237,8 @@ class QueueIntake:
         if bool(future.any()):
             logger.warning("intake: dropping %d samples of policy versions above the trainer's v%d "
                            "(from a run that was resumed from an earlier checkpoint)", int(future.sum()), current_version)
-        stale = (lag > self.max_staleness) | future
+        rejected = self.gate.rejected(versions) if self.gate is not None else torch.zeros(n, dtype=torch.bool)
+        stale = (((lag > self.max_staleness) | future) & (versions != (-1 if judged is None else judged))) | rejected
         errors = _column(data, "error")
         failed = torch.zeros(n, dtype=torch.bool)
         scored0 = torch.zeros(n, dtype=torch.bool)
@@ -213,7 +247,7 @@ class QueueIntake:
             failed = torch.tensor([bool(e) for e in errors], dtype=torch.bool) & ~scored0
         keep = ~stale & ~failed
         return (keep, lag[keep].tolist(), int((stale & ~failed).sum()), int(failed.sum()),
-                int((scored0 & keep).sum()))
+                int((scored0 & keep).sum()), int((rejected & ~failed).sum()))
 
     async def next_batch(
         self,
@@ -228,6 +262,13 @@ class QueueIntake:
         Returns ``None`` when ``should_stop()`` turns true (leased items stay unacked and
         are delivered again later). Raises ``TimeoutError`` after ``timeout`` seconds
         without a full batch (the leased items likewise stay unacked).
+
+        Canary mode: once enough of the candidate's samples were seen, the batch is closed
+        with its held groups in it, however few groups it has (held samples count against
+        the feeder's admission bound: waiting for more could wait for ever); a candidate
+        rejected here for its error rate or reward returns a batch without ``data`` (its
+        groups go back to the backlog): the trainer then offers its current weights as the
+        next candidate before it leases again.
         """
         t0 = time.monotonic()
         deadline = t0 + timeout
@@ -237,9 +278,10 @@ class QueueIntake:
         taken: set[Any] = set()  # entry ids in this batch
         dropped_ids: list[str] = []
         staleness: list[int] = []
-        counts = {"dropped_stale": 0, "dropped_error": 0, "scored_failed": 0}
-        held_drops = {"dropped_stale": 0, "dropped_error": 0}  # of dropped_items
-        while len(groups) < self.train_batch_size:
+        counts = {"dropped_stale": 0, "dropped_error": 0, "scored_failed": 0, "dropped_rejected": 0}
+        held_drops = {"dropped_stale": 0, "dropped_error": 0, "dropped_rejected": 0}  # of dropped_items
+        judging: dict[str, Any] | None = None  # canary mode: the candidate this batch judges
+        while len(groups) < self.train_batch_size and not (judging is not None and groups):
             if should_stop():
                 return None
             if time.monotonic() > deadline:
@@ -250,9 +292,17 @@ class QueueIntake:
             if not self._recovered:
                 self._backlog = await self._recover()
             want = self.train_batch_size - len(groups)
-            if self._backlog:
+            got: list[Any] = []
+            if self.gate is not None:
+                self._backlog.extend(self.gate.take_released())  # held items whose version was decided
+                if judging is None and self.gate.ready():
+                    got, judging = await self._judge_candidate(want)
+                    if judging is None:  # rejected at the intake: let the trainer offer a new candidate
+                        self._backlog[:0] = items + dropped_items  # screened again next time
+                        return PendingBatch(data=None, cursor=self.counters.batches, wait_seconds=time.monotonic() - t0)
+            if not got and self._backlog:
                 got, self._backlog = self._backlog[:want], self._backlog[want:]
-            else:
+            elif not got:
                 got = await self.queue.get(max_items=want, timeout=self.poll_s)
             for item in got:
                 if item.id in taken:
@@ -270,11 +320,14 @@ class QueueIntake:
                     # its ledger stages were recorded when that step committed
                     await self.queue.ack(item)
                     continue
+                judged = judging["version"] if judging is not None else None  # (its rows are kept however stale)
+                if judged is None and self.gate is not None and self._hold(item, data):
+                    continue
                 try:
-                    keep, lag, n_stale, n_err, n_failed = self._screen(data, current_version)
+                    keep, lag, n_stale, n_err, n_failed, n_rej = self._screen(data, current_version, judged)
                 except ValueError as exc:
                     logger.error("intake: dropping item %s: %s", item.id, exc)
-                    keep, n_stale, n_err = None, 0, len(data)
+                    keep, n_stale, n_err, n_rej = None, 0, len(data), 0
                 if keep is None or not bool(keep.any()):
                     if ids:
                         await self.queue.record_stage(ids, "dropped")  # finished, for the feeder's admission
@@ -282,12 +335,14 @@ class QueueIntake:
                     taken.add(item.id)
                     held_drops["dropped_stale"] += n_stale
                     held_drops["dropped_error"] += n_err
+                    held_drops["dropped_rejected"] += n_rej
                     if len(dropped_items) >= self._drops_held_max:
                         await self._drop_now(dropped_items, held_drops)
                     continue
                 counts["dropped_stale"] += n_stale
                 counts["dropped_error"] += n_err
                 counts["scored_failed"] += n_failed
+                counts["dropped_rejected"] += n_rej
                 groups.append(data if bool(keep.all()) else data.select_idxs(keep))
                 items.append(item)
                 taken.add(item.id)
@@ -296,6 +351,8 @@ class QueueIntake:
         batch = collate_groups(groups)
         for key, v in held_drops.items():
             counts[key] += v
+        if judging is not None:
+            batch.meta_info[canary.META_KEY] = judging["spec"]
         return PendingBatch(
             data=batch,
             items=items,
@@ -306,6 +363,45 @@ class QueueIntake:
             wait_seconds=time.monotonic() - t0,
             **counts,
         )
+
+    def _hold(self, item: Any, data: DataProto) -> bool:
+        """Canary mode: hold ``item`` when it has samples of the candidate under test (True);
+        else note its samples of promoted versions in the gate's baseline."""
+        gate = self.gate
+        candidate = gate.candidate_version()
+        if gate.is_held(item.id):  # our own held lease, idle past lease_idle_s, handed back
+            gate.hold(item)
+            return True
+        try:
+            validate_experience(data)
+        except ValueError:
+            return False  # _screen drops it, naming the column
+        versions = data.batch["policy_version"].long().reshape(len(data))
+        errors, scores = sample_errors_and_scores(data, is_reward_failure)
+        if candidate is not None and bool((versions == candidate).any()):
+            mine = versions == candidate
+            gate.hold(item, errors[mine], scores[mine])
+            return True
+        ok = ~gate.rejected(versions)
+        gate.observe_promoted(errors[ok], scores[ok])
+        return False
+
+    async def _judge_candidate(self, room: int) -> tuple[list[Any], dict[str, Any] | None]:
+        """Enough samples of the candidate were seen: reject it at once when its error rate
+        or reward is out of bounds (its held items are dropped), else take its held groups
+        for this batch, whose step judges the log-prob gap. Returns (items to screen into
+        this batch, the batch's judging state)."""
+        gate = self.gate
+        reasons, measurements = gate.intake_verdict()
+        if reasons:
+            for item in gate.reject_at_intake(reasons, measurements):
+                n = len(item.data)
+                self.counters.dropped_stale += n
+                self.counters.dropped_rejected += n
+                await self.queue.ack(item, stage="dropped")
+            return [], None
+        items, spec = gate.take_for_judging(room)
+        return items, {"version": spec["version"], "spec": spec}
 
     async def commit(self, pending: PendingBatch, applied: bool = True) -> None:
         """The step that used ``pending`` is committed: ack its items and record ledger
@@ -339,8 +435,9 @@ class QueueIntake:
         await self.queue.ack(list(dropped_items), stage="dropped")
         self.counters.dropped_stale += held_drops["dropped_stale"]
         self.counters.dropped_error += held_drops["dropped_error"]
+        self.counters.dropped_rejected += held_drops["dropped_rejected"]
         dropped_items.clear()
-        held_drops.update(dropped_stale=0, dropped_error=0)
+        held_drops.update(dropped_stale=0, dropped_error=0, dropped_rejected=0)
 
     def _max_depth(self) -> int:
         return getattr(getattr(self.queue, "cfg", None), "max_depth", 1 << 30)

@@ -10,7 +10,7 @@ from typing import Any
 from services.config.views import TrainerView
 
 
-def _make_source(spec: TrainerView, vocab_size: int, consumer: str | None) -> Any:
+def _make_source(spec: TrainerView, vocab_size: int, consumer: str | None, gate: Any = None) -> Any:
     from trainer_svc.intake import QueueIntake, SyntheticIntake
 
     if spec.queues is None:
@@ -25,7 +25,7 @@ def _make_source(spec: TrainerView, vocab_size: int, consumer: str | None) -> An
     # With periodic checkpoints, a step's items are acked once a checkpoint holds it: a hard
     # kill then neither loses a trained step nor trains an item twice.
     return QueueIntake(queue, train_batch_size=spec.data.train_batch_size, max_staleness=spec.async_.max_staleness,
-                       defer_acks=spec.trainer.save_freq > 0)
+                       defer_acks=spec.trainer.save_freq > 0, gate=gate)
 
 
 def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str = "INFO") -> int:
@@ -52,15 +52,19 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
     set_torch_threads(res.torch_threads, res.nproc)
     ctx = init_distributed(res.device, spec.trainer.collective_timeout_s)
     worker = TrainerWorker(spec, ctx)
-    source = publisher = metrics = server = None
+    source = publisher = metrics = server = gate = None
     if ctx.rank == 0:
         registry = CollectorRegistry()
         metrics = TrainerMetrics(registry)
-        source = _make_source(spec, worker.model.config.vocab_size, consumer)
         if spec.weights is not None:
             from services.weights import WeightPublisher
 
             publisher = WeightPublisher(spec.weights, registry=registry).start()
+            if spec.weights.canary and spec.queues is not None:
+                from trainer_svc.canary import CanaryGate
+
+                gate = CanaryGate(spec.weights.rollout, publisher, spec.data.train_batch_size * spec.rollout.n)
+        source = _make_source(spec, worker.model.config.vocab_size, consumer, gate)
     def announce() -> None:
         addresses = {"metrics": f"{server.host}:{server.port}"}
         if publisher is not None:
@@ -70,7 +74,7 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
                        version=worker.version, step=service.step_no)
 
     service = TrainerService(spec, ctx, worker, source=source, publisher=publisher, metrics=metrics,
-                             on_ready=announce if ctx.rank == 0 else None)
+                             on_ready=announce if ctx.rank == 0 else None, gate=gate)
     service.install_signal_handlers()
     try:
         service.resume()

@@ -13,6 +13,13 @@ Per step:
 
 SIGTERM (forwarded by the launcher to every rank) sets a flag; rank 0 notices it between
 polls and broadcasts ``stop``; all ranks then save a checkpoint and exit 0.
+
+With the canary gate (``weights.rollout.mode: canary``, :mod:`trainer_svc.canary`) a batch
+may carry a candidate version's samples: the step judges them, rank 0 tells the publisher
+(promote / reject) before the step's own version is published, and a version that would go
+nowhere (a candidate is still under test) is not gathered at all. After a rejection the
+loop follows ``on_reject``: it pauses (heartbeats only) until the rollout is resumed, or
+stops with ``REJECT_EXIT_CODE``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.config.views import TrainerView
+from services.config.weights import REJECT_EXIT_CODE
+from trainer_svc import canary
 from trainer_svc.checkpoint import CheckpointManager
 from trainer_svc.comm import broadcast_message
 from trainer_svc.fsdp import DistContext
@@ -70,7 +79,13 @@ class TrainerMetrics:
         self.samples = Counter("meshrl_trainer_samples_total",
                                "samples consumed by committed steps (trained, or skipped as non-finite)", registry=r)
         self.tokens = Counter("meshrl_trainer_tokens_total", "tokens (prompt+response) trained on", registry=r)
-        self.stale = Counter("meshrl_trainer_dropped_stale_samples_total", "samples dropped as too stale", registry=r)
+        self.stale = Counter("meshrl_trainer_dropped_stale_samples_total",
+                             "samples dropped for their policy version (too stale, or rejected at the canary)",
+                             registry=r)
+        self.rejected = Counter("meshrl_trainer_dropped_rejected_samples_total",
+                                "of the dropped_stale samples: those of a version rejected at the canary", registry=r)
+        self.held = Gauge("meshrl_trainer_canary_held_samples",
+                          "samples of the candidate version held until it is judged", registry=r)
         self.errors = Counter("meshrl_trainer_dropped_error_samples_total",
                               "samples dropped for a rollout error (no usable response)", registry=r)
         self.failed = Counter("meshrl_trainer_failed_score_samples_total",
@@ -99,8 +114,10 @@ class TrainerService:
         publisher: Any = None,
         metrics: TrainerMetrics | None = None,
         on_ready: Callable[[], None] | None = None,
+        gate: canary.CanaryGate | None = None,
     ) -> None:
         self.spec, self.ctx, self.worker = spec, ctx, worker
+        self.gate = gate  # rank 0, canary mode
         self.source, self.publisher, self.metrics = source, publisher, metrics
         self.ckpt = CheckpointManager(spec.trainer.default_local_dir, ctx, spec.trainer.max_ckpt_to_keep)
         self.step_no = 0
@@ -110,6 +127,7 @@ class TrainerService:
         self.on_ready = on_ready  # called once, when ready (rank 0 announces readiness)
         self.last_result: StepResult | None = None
         self._consecutive_nonfinite = 0
+        self._offered = -1  # the newest version given to the publisher
         self._loop = asyncio.new_event_loop() if ctx.rank == 0 else None
         self._t_start = time.monotonic()
         self._t_wait = 0.0
@@ -144,6 +162,7 @@ class TrainerService:
             "version": self.worker.version,
             "last": None if r is None else {"metrics": r.metrics, "applied": r.applied, "seconds": r.seconds},
             "intake": None if self.source is None else self.source.counters.as_dict(),
+            "canary": None if self.gate is None else self.gate.state(),
         }
 
     # ------------------------------------------------------------------ loop
@@ -159,6 +178,10 @@ class TrainerService:
             self.on_ready()
         while True:
             control, batch, pending = self._next_command()
+            if control["cmd"] in ("publish", "wait"):  # canary mode: no step (rank 0 alone sees "wait")
+                if control["cmd"] == "publish":
+                    self._publish()
+                continue
             if control["cmd"] == "stop":
                 if control.get("checkpoint", True) and self.step_no > self._saved_step:
                     self._save()
@@ -167,14 +190,18 @@ class TrainerService:
             t0 = time.perf_counter()
             result = self.worker.step(batch)
             t1 = time.perf_counter()
-            if result.applied:
+            if result.canary is not None and self.ctx.rank == 0:
+                self._decide(pending, result)
+            if result.applied and control.get("publish", True):
                 self._publish()
             t2 = time.perf_counter()
+            nothing_left = result.samples == 0  # every row was a rejected candidate's: nothing to train
             if self.ctx.rank == 0:
-                self._loop.run_until_complete(self.source.commit(pending, applied=result.applied))
+                self._loop.run_until_complete(self.source.commit(pending, applied=result.applied or nothing_left))
             self.step_no += 1
             self.last_result = result
-            self._consecutive_nonfinite = 0 if result.applied else self._consecutive_nonfinite + 1
+            if not nothing_left:
+                self._consecutive_nonfinite = 0 if result.applied else self._consecutive_nonfinite + 1
             t3 = time.perf_counter()
             # or early: the items held for the next checkpoint would fill the experience stream
             if (spec.trainer.save_freq > 0 and self.step_no % spec.trainer.save_freq == 0) or control.get("save"):
@@ -198,6 +225,11 @@ class TrainerService:
             control = {"cmd": "stop", "checkpoint": False, "code": 3}
         elif self.stop_requested:
             control = {"cmd": "stop", "checkpoint": True}
+        elif self.gate is not None and self.gate.failed:
+            logger.error("%s; stopping (weights.rollout.on_reject=fail)", self.gate.failed)
+            control = {"cmd": "stop", "checkpoint": True, "code": REJECT_EXIT_CODE}
+        elif self._offer_due():
+            control = {"cmd": "publish"}
         else:
             t0 = time.perf_counter()
             last_beat = [time.monotonic()]
@@ -208,6 +240,9 @@ class TrainerService:
                 if time.monotonic() - last_beat[0] >= beat_every:
                     broadcast_message({"cmd": "wait"}, None, group=self.ctx.cpu_group)
                     last_beat[0] = time.monotonic()
+
+            if self.gate is not None and self.gate.paused:
+                self._wait_resumed(heartbeat)
 
             try:
                 pending = self._loop.run_until_complete(
@@ -223,8 +258,13 @@ class TrainerService:
                 pending, control = None, {"cmd": "stop", "checkpoint": True, "code": 4}
             else:
                 control = {"cmd": "train"} if pending is not None else {"cmd": "stop", "checkpoint": True}
+                if pending is not None and pending.data is None:  # the gate decided at the intake
+                    pending, control = None, {"cmd": "publish" if self._offer_due() else "wait"}
                 if pending is not None and getattr(self.source, "needs_checkpoint", lambda: False)():
                     control["save"] = True
+                if pending is not None and self.gate is not None:
+                    # the step's version goes to nobody while a candidate is under test: skip gathering it
+                    control["publish"] = self.gate.rollout.wants_next() or canary.META_KEY in pending.data.meta_info
             wait = time.perf_counter() - t0
             self._t_wait += wait
             if self.metrics is not None:
@@ -234,10 +274,34 @@ class TrainerService:
         broadcast_message(control, batch, group=self.ctx.cpu_group)
         return control, batch, pending
 
+    def _offer_due(self) -> bool:
+        """Rank 0, canary mode: the gate takes a candidate and the trainer's current weights
+        were never offered (versions made while a candidate was under test are not gathered)."""
+        return self.gate is not None and self.gate.rollout.wants_next() and self.worker.version > self._offered
+
+    def _wait_resumed(self, heartbeat: Callable[[], None]) -> None:
+        """Rank 0, canary mode: the rollout is paused after a rejection; train nothing until
+        it is resumed (``meshrl canary RUN_DIR --resume``) or the trainer is stopped."""
+        logger.warning("canary: %s; training paused until resumed (meshrl canary <run_dir> --resume)",
+                       self.gate.paused)
+        while self.gate.paused and not self.stop_requested:
+            heartbeat()
+            time.sleep(0.5)
+        if not self.stop_requested:
+            logger.warning("canary: resumed; the next version is the next candidate")
+
+    def _decide(self, pending: Any, result: StepResult) -> None:
+        """Rank 0: the step judged a candidate (``result.canary``): account for the rows it
+        left out, then tell the publisher."""
+        if result.removed is not None and bool(result.removed.any()):
+            pending.remove(result.removed, rejected=not result.canary["promoted"])
+        self.gate.decide(result.canary)
+
     def _publish(self, initial: bool = False) -> None:
         """Gather full parameters (all ranks); rank 0 streams them to the publisher."""
         if self.spec.weights is None:
             return
+        self._offered = self.worker.version
         it = self.worker.full_params()
         if self.ctx.rank != 0:
             for _ in it:
@@ -253,7 +317,7 @@ class TrainerService:
         gen = counting()
         t0 = time.perf_counter()
         try:
-            report = self.publisher.publish(self.worker.version, gen)
+            report = self.publisher.publish(self.worker.version, gen, promote=initial)
             if getattr(report, "error", None):
                 logger.warning("weights v%d: transfer to some replicas failed: %s", self.worker.version, report.error)
         except Exception as exc:  # a publisher failure must not desync the ranks or kill training
@@ -312,8 +376,11 @@ class TrainerService:
         c = src.counters
         seen = self.__dict__.setdefault("_seen", {})
         totals = {"samples": c.samples_trained + c.samples_nonfinite, "stale": c.dropped_stale,
-                  "error": c.dropped_error, "failed": c.scored_failed}
-        for key, metric in (("samples", mt.samples), ("stale", mt.stale), ("error", mt.errors), ("failed", mt.failed)):
+                  "error": c.dropped_error, "failed": c.scored_failed, "rejected": c.dropped_rejected}
+        if self.gate is not None:
+            mt.held.set(self.gate.state()["held_samples"])
+        for key, metric in (("samples", mt.samples), ("stale", mt.stale), ("error", mt.errors), ("failed", mt.failed),
+                            ("rejected", mt.rejected)):
             now = totals[key]
             if now > seen.get(key, 0):
                 metric.inc(now - seen.get(key, 0))
@@ -335,6 +402,8 @@ class TrainerService:
                 "skipped_steps": result.skipped_steps, "samples": result.samples,
                 "staleness": pending.staleness, "seconds": seconds, "metrics": m,
             }
+            if result.canary is not None:  # the canary gate's verdict on a candidate, with its measurements
+                line["canary"] = result.canary
             with open(self.spec.trainer.metrics_file, "a") as f:
                 f.write(json.dumps(line) + "\n")
         mt = self.metrics

@@ -25,7 +25,7 @@ import torch
 
 from services.config.views import TrainerView
 from services.protocol import DataProto
-from trainer_svc import core_algos
+from trainer_svc import canary, core_algos
 from trainer_svc.actor import DataParallelPPOActor, local_mini_batch_size
 from trainer_svc.batching import ShardPlan
 from trainer_svc.critic import DataParallelPPOCritic
@@ -65,6 +65,10 @@ class StepResult:
     skipped_steps: int
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    canary: dict | None = None
+    """The verdict on a candidate version whose samples the batch carried (canary mode)."""
+    removed: torch.Tensor | None = None
+    """Bool per batch row: left out of the update (a rejected candidate's; a candidate's too stale)."""
 
 
 class TrainerWorker:
@@ -138,6 +142,16 @@ class TrainerWorker:
         if "rollout_log_probs" in batch.batch.keys() and "response_mask" in batch.batch.keys():
             metrics.update(rollout_mismatch_metrics(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
                                                     batch.batch["response_mask"]))
+        verdict = removed = None
+        if batch.meta_info.get(canary.META_KEY):
+            verdict, removed = canary.judge(batch, batch.meta_info[canary.META_KEY], self.version,
+                                            spec.async_.max_staleness)
+            if bool(removed.any()):
+                batch = batch.select_idxs(~removed)
+                if len(batch) == 0:
+                    return StepResult(self.version, False, 0, 0, 0, 0, metrics, canary=verdict, removed=removed)
+                plan = ShardPlan.build(batch, ctx.world_size)
+                local = plan.local(batch, ctx.rank)
         if self.ref is not None:
             batch.batch["ref_log_prob"] = plan.gather(self.ref.compute_ref_log_prob(local), ctx.cpu_group)
         if self.critic is not None:
@@ -169,6 +183,8 @@ class TrainerWorker:
             skipped_steps=result.skipped_steps,
             metrics={**metrics, "response_length/mean": float(mask.sum(-1).float().mean())},
             seconds={"logprob": t1 - t0, "adv": t2 - t1, "update": t3 - t2},
+            canary=verdict,
+            removed=removed,
         )
 
     # ------------------------------------------------------------------------------ weights

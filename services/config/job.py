@@ -337,9 +337,32 @@ class JobSpec(StrictModel):
                 "services.reward.device: cuda is used only by a reward model (reward.reward_model.enable=true); "
                 "the rule/function scorers run on CPU"
             )
+        problems += self._canary_problems()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _canary_problems(self) -> list[str]:
+        """What ``weights.rollout.mode=canary`` needs from the other blocks."""
+        gate = self.weights.rollout
+        if gate.mode != "canary":
+            return []
+        out = []
+        if self.async_.mode == "sync":
+            out.append("weights.rollout.mode=canary with async.mode=sync: a synchronous job waits for every replica "
+                       "to serve the trainer's newest version, which the promoted replicas never do; use async")
+        if gate.canary_replicas >= self.services.rollout.replicas:
+            out.append(f"weights.rollout.canary_replicas ({gate.canary_replicas}) must be below "
+                       f"services.rollout.replicas ({self.services.rollout.replicas}): some replicas must serve the "
+                       "promoted version")
+        if not self.rollout.calculate_log_probs:
+            out.append("weights.rollout.mode=canary compares the replicas' log-probs with the trainer's: set "
+                       "rollout.calculate_log_probs=true")
+        per_batch = self.data.train_batch_size * self.rollout.n
+        if gate.samples_to_decide(per_batch) > per_batch:
+            out.append(f"weights.rollout.promote_after_samples ({gate.promote_after_samples}) exceeds one batch "
+                       f"(data.train_batch_size * rollout.n = {per_batch}): a candidate is judged within one batch")
+        return out
 
     def resolve_paths(self, base: Path) -> None:
         """Make the spec's input file paths absolute, relative to ``base`` (the spec's directory)."""

@@ -18,6 +18,7 @@ agree.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
@@ -33,7 +34,7 @@ from services.launch.mesh import ServiceMesh
 from services.launch.procs import ServiceFailed, become_subreaper
 from services.launch.report import History
 from services.launch.supervision import Supervisor, stall_reason
-from services.metrics.scrape import scrape
+from services.metrics.scrape import http_get, scrape
 from services.net import free_port
 
 log = logging.getLogger("meshrl.run")
@@ -237,6 +238,11 @@ class JobController:
         self.board.prompts_fed = self.ledger.prompts_fed = fed
 
     def _check_stall(self) -> None:
+        paused = self._canary_paused()
+        if paused:  # waiting for an operator is not a stall
+            self.sup.touch(time.monotonic())
+            self.board.detail = paused
+            return
         why = stall_reason(self.board.queues, in_flight=self.board.in_flight_prompts or 0,
                            max_in_flight=self.max_in_flight,
                            restarting=list(self.mesh.restarting), down=self.mesh.silent)
@@ -263,9 +269,13 @@ class JobController:
             self._scrapes[name] = got
         if "meshrl_feeder_in_flight_prompts" in self._scrapes.get("feeder", {}):  # as the queue's ledger says
             self.board.in_flight_prompts = int(self._scrapes["feeder"]["meshrl_feeder_in_flight_prompts"])
-        current = self._scrapes.get("trainer", {}).get("meshrl_trainer_policy_version")
+        trainer = self._scrapes.get("trainer", {})
+        current = trainer.get("meshrl_trainer_policy_version")
+        if self.spec.weights.canary and trainer.get("meshrl_weights_promoted_version", -1) >= 0:
+            current = trainer["meshrl_weights_promoted_version"]  # what the replicas are to serve
         served = {n: s.get("meshrl_rollout_served_version") for n, s in self._scrapes.items() if n.startswith("rollout")}
         self.sup.versions(current, served, self.spec.async_.max_staleness, time.monotonic())
+        self.board.weights = await self._weights_view(trainer)
         c = self.ledger.counts()
         self.sup.progress({k: c[k] for k in ("generated", "scored", "trained", "dropped_stale", "dropped_error")},
                           time.monotonic())
@@ -311,6 +321,36 @@ class JobController:
             except Exception:  # noqa: BLE001 - a depth we cannot read is left out, never fatal
                 pass
         return out
+
+    async def _weights_view(self, trainer: dict[str, float]) -> dict[str, Any]:
+        """``status.json`` ``weights``: per replica the version it serves and its role
+        (canary / promoted / all), the promoted and candidate versions and, in canary mode,
+        the gate's timeline (from the trainer's ``/status``)."""
+        roles = {-1.0: "all", 0.0: "promoted", 1.0: "canary"}
+        replicas = {n: {"served_version": s.get("meshrl_rollout_served_version"),
+                        "role": roles.get(s.get("meshrl_rollout_canary", -1.0), "all")}
+                    for n, s in self._scrapes.items() if n.startswith("rollout") and s}
+        out: dict[str, Any] = {"mode": self.spec.weights.rollout.mode, "replicas": replicas,
+                               "promoted": trainer.get("meshrl_weights_promoted_version")}
+        if not self.spec.weights.canary:
+            return out
+        candidate = trainer.get("meshrl_weights_candidate_version", -1.0)
+        out.update(candidate=None if candidate < 0 else candidate, paused=self._canary_paused())
+        if "trainer" in {p.name for p in self.mesh.live()}:
+            status, body = await asyncio.to_thread(http_get, self.mesh.proc("trainer").url("metrics") + "/status", 2.0)
+            try:
+                gate = (json.loads(body) or {}).get("canary") or {} if status == 200 else {}
+            except ValueError:
+                gate = {}
+            out.update({k: gate[k] for k in ("rejected", "events", "held_samples") if k in gate})
+        return out
+
+    def _canary_paused(self) -> str:
+        """Canary mode: why the trainer is paused after a rejection ("" when it is not)."""
+        if not self.spec.weights.canary or not self._scrapes.get("trainer", {}).get("meshrl_weights_rollout_paused"):
+            return ""
+        return ("paused: a version was rejected at the canary (weights.rollout.on_reject=pause); "
+                f"resume with `meshrl canary {self.run_dir} --resume`")
 
     # ------------------------------------------------------------------ helpers
 

@@ -33,6 +33,7 @@ class StatusBoard:
         self.prompts_fed: int | None = None
         self.in_flight_prompts: int | None = None  # the feeder's count (from the queue's ledger)
         self.metrics_url: str | None = None
+        self.weights: dict[str, Any] = {}  # per replica the version it serves and its role; the canary gate
         self.control = ControlMetrics()
         self._t0 = time.monotonic()
 
@@ -90,6 +91,7 @@ class StatusBoard:
             "ledger": self.ledger.as_dict(), "restarts": restarts,
             "ledger_stages": self.control.ledger_counts(), "stalled": self.stalled,
             "services": self.mesh.describe(), "launcher": self.spec.services.launcher,
+            "weights": self.weights,
         }
 
     def write(self) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from services import auth
 from services.config.job import dump_job
 from services.config.views import derive_views, dump_view, write_private, write_view
+from services.config.weights import REJECT_EXIT_CODE
 from services.launch.procs import ServiceFailed, ServiceProcess, kill_adopted, log_tail, python_module_argv
 from services.launch.supervision import Supervisor
 from services.metrics.scrape import http_get
@@ -208,6 +209,9 @@ class ServiceMesh:
             if p.name in self.restarting or p.returncode is None:
                 continue
             on_exit(p.name)
+            if p.name == "trainer" and p.returncode == REJECT_EXIT_CODE:
+                raise ServiceFailed(f"trainer stopped: a version was rejected at the canary and "
+                                    f"weights.rollout.on_reject=fail; last lines of {p.log_path}:\n{_tail(p)}")
             how = f"exited with code {p.returncode}" + (f" ({p.kill_reason})" if p.kill_reason else "")
             decision = self.sup.exited(p.name, how, time.monotonic())
             self.reap_orphans()

@@ -14,13 +14,19 @@ each version into buffers it keeps:
 
 A bucket may also be *borrowed* (``publish(..., borrow=True)``): its buffer is the
 caller's own tensor, kept by reference as part of the snapshot.
+
+With the canary gate (``weights.rollout.mode: canary``) two versions are served at once:
+the candidate (in the arena) and the promoted version, which ``pin()`` moves out of the
+arena into a :class:`PinnedSnapshot` that no publish overwrites. The arena then packs into
+the buffers of the previously pinned version, so the two buffer sets take turns (two model
+copies of host memory, allocated once).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -105,23 +111,28 @@ class SnapshotArena:
             if self._buckets is None or self._version < min_version:
                 raise SnapshotError(f"no snapshot >= v{min_version} (have v{self._version})")
             gen, version, buckets = self._generation, self._version, self._buckets
-        header = build_header(version, buckets)
-        total = len(header) + sum(s.nbytes for b in buckets for s in b.specs)
-        pos = 0
-        for i in range(0, len(header), chunk_bytes):
-            data = header[i : i + chunk_bytes]
-            yield version, total, pos, data
-            pos += len(data)
-        for b in buckets:
-            for s in b.specs:
-                for off in range(s.offset, s.offset + s.nbytes, chunk_bytes):
-                    end = min(off + chunk_bytes, s.offset + s.nbytes)
-                    with self._cond:  # the writer bumps the generation under this lock
-                        if self._generation != gen:
-                            raise SnapshotError(f"snapshot v{version} was superseded while streaming; fetch again")
-                        data = b.buffer[off:end].numpy().tobytes()  # type: ignore[union-attr]
-                    yield version, total, pos, data
-                    pos += len(data)
+
+        def read(b: Bucket, off: int, end: int) -> bytes:
+            with self._cond:  # the writer bumps the generation under this lock
+                if self._generation != gen:
+                    raise SnapshotError(f"snapshot v{version} was superseded while streaming; fetch again")
+                return b.buffer[off:end].numpy().tobytes()  # type: ignore[union-attr]
+
+        yield from stream_snapshot(version, buckets, chunk_bytes, read)
+
+    def pin(self, recycle: "PinnedSnapshot | None" = None) -> "PinnedSnapshot":
+        """Move the served version out of the arena (it stays served, by the returned
+        snapshot); the arena packs the next version into ``recycle``'s buffers (a pinned
+        version no longer needed), else into fresh ones."""
+        with self._cond:
+            if self._buckets is None:
+                raise SnapshotError("no snapshot to pin")
+            pinned = PinnedSnapshot(self._version, self._buckets, self._buffers)
+            self._generation += 1
+            self._buckets, self._version = None, -1
+            self._buffers = recycle.buffers if recycle is not None else {}
+            self._used = set()
+            return pinned
 
     def save(self, path: Path) -> int:
         """Write the served snapshot to ``path`` (safetensors); return its version."""
@@ -131,3 +142,42 @@ class SnapshotArena:
             version, buckets = self._version, self._buckets
             write_snapshot(path, version, buckets)  # under the lock: no publish may overwrite it meanwhile
             return version
+
+
+class PinnedSnapshot:
+    """A committed version kept apart from the arena (see ``SnapshotArena.pin``): never
+    overwritten, so streaming it needs no generation check."""
+
+    def __init__(self, version: int, buckets: list[Bucket], buffers: dict[int, torch.Tensor]) -> None:
+        self.version, self.buckets, self.buffers = version, buckets, buffers
+
+    def stream(self, chunk_bytes: int, min_version: int = -1) -> Iterator[tuple[int, int, int, bytes]]:
+        """Like ``SnapshotArena.stream``."""
+        if self.version < min_version:
+            raise SnapshotError(f"no snapshot >= v{min_version} (have v{self.version})")
+        yield from stream_snapshot(self.version, self.buckets, chunk_bytes,
+                                   lambda b, off, end: b.buffer[off:end].numpy().tobytes())  # type: ignore[union-attr]
+
+    def save(self, path: Path) -> int:
+        write_snapshot(path, self.version, self.buckets)
+        return self.version
+
+
+def stream_snapshot(version: int, buckets: list[Bucket], chunk_bytes: int,
+                    read: Callable[[Bucket, int, int], bytes]) -> Iterator[tuple[int, int, int, bytes]]:
+    """``(version, total_bytes, offset, data)`` chunks of the safetensors file of ``buckets``;
+    ``read(bucket, start, end)`` returns those bytes of a bucket (it may raise
+    ``SnapshotError`` when the version was superseded meanwhile)."""
+    header = build_header(version, buckets)
+    total = len(header) + sum(s.nbytes for b in buckets for s in b.specs)
+    pos = 0
+    for i in range(0, len(header), chunk_bytes):
+        data = header[i : i + chunk_bytes]
+        yield version, total, pos, data
+        pos += len(data)
+    for b in buckets:
+        for s in b.specs:
+            for off in range(s.offset, s.offset + s.nbytes, chunk_bytes):
+                data = read(b, off, min(off + chunk_bytes, s.offset + s.nbytes))
+                yield version, total, pos, data
+                pos += len(data)

@@ -17,8 +17,7 @@ import grpc
 from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
-from services.weights.arena import SnapshotArena
-from services.weights.errors import SnapshotError, TransferError
+from services.weights.errors import SnapshotError, TransferError, VersionError
 from services.weights.messages import check_replica_id, check_serve_dtype, control
 
 
@@ -34,7 +33,6 @@ class PublisherSide(Protocol):
 
     cfg: WeightChannelConfig
     session: int
-    _arena: SnapshotArena | None
 
     @property
     def latest_version(self) -> int: ...
@@ -43,7 +41,11 @@ class PublisherSide(Protocol):
     def snapshot_version(self) -> int: ...
 
     def _subscribe(self, replica_id: str, served_version: int, served_session: int = 0,
-                   serve_dtype: str = "") -> Subscription: ...
+                   serve_dtype: str = "", promoted_only: bool = False) -> Subscription: ...
+
+    def snapshot_for(self, replica_id: str, min_version: int, chunk_bytes: int) -> Any: ...
+
+    def resume(self, reason: str = "") -> None: ...
 
     def _unsubscribe(self, sub: Any) -> None: ...
 
@@ -65,7 +67,7 @@ class WeightServicer(pb_grpc.WeightServiceServicer):
         try:
             rid = check_replica_id(request.replica_id)
             sub = self.pub._subscribe(rid, request.served_version, request.served_session,
-                                      check_serve_dtype(request.serve_dtype))
+                                      check_serve_dtype(request.serve_dtype), request.promoted_only)
         except (ValueError, TransferError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, ValueError) else grpc.StatusCode.UNAVAILABLE, str(e))
         context.add_callback(lambda: self.pub._unsubscribe(sub))
@@ -89,10 +91,10 @@ class WeightServicer(pb_grpc.WeightServiceServicer):
         return pb.AckReply(known=self.pub._ack(request))
 
     def FetchSnapshot(self, request, context):  # noqa: N802
-        arena = self.pub._arena
-        if arena is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, "this publisher keeps no snapshots (weights.snapshot=false)")
-        chunks = arena.stream(self.pub.cfg.snapshot_chunk_kb << 10, request.min_version)
+        try:
+            chunks = self.pub.snapshot_for(request.replica_id, request.min_version, self.pub.cfg.snapshot_chunk_kb << 10)
+        except SnapshotError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
         try:
             first = next(chunks)
         except SnapshotError as e:
@@ -106,4 +108,11 @@ class WeightServicer(pb_grpc.WeightServiceServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     def Status(self, request, context):  # noqa: N802
+        return self.pub._status()
+
+    def Resume(self, request, context):  # noqa: N802
+        try:
+            self.pub.resume(request.reason[:500])
+        except VersionError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return self.pub._status()

@@ -14,6 +14,11 @@ On any failure the transfer is aborted (ABORT), the iterator is still drained (o
 trainer ranks gather in lockstep) and the snapshot still written; replicas that
 acknowledged the failure form the next epoch, a dead or hung one is left out. A publish
 therefore never waits on a dead replica longer than one deadline.
+
+With ``weights.rollout.mode: canary`` a version goes where :class:`RolloutState` routes it
+(the canaries only, or nobody while a candidate is under test); the trainer then calls
+``promote``/``reject``, and every replica is told the version to serve (SERVE), loading
+it from the snapshot when it does not arrive by broadcast (docs/weights.md, "Promotion").
 """
 
 from __future__ import annotations
@@ -37,13 +42,16 @@ from services import auth
 from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
-from services.weights.arena import RotatingBuffers, SnapshotArena
+from services.weights.arena import PinnedSnapshot, RotatingBuffers, SnapshotArena
+from services.weights.canary import CanaryGateMixin
+from services.weights.faults import CandidateFault
 from services.weights.errors import PlanError, SnapshotError, TransferError, VersionError
 from services.weights.group import DataGroup, GroupSpec, connect_store, device_for, resolve_backend
 from services.weights.messages import SERVER_OPTIONS, bucket_to_pb, control
 from services.weights.grpc_servicer import WeightServicer
 from services.weights.metrics import PublisherMetrics
 from services.weights.plan import DTYPES, Bucket, iter_buckets
+from services.weights.promotion import RolloutState
 from services.weights.report import PublishReport
 
 log = logging.getLogger(__name__)
@@ -63,9 +71,11 @@ class _Subscriber:
     connected: bool = True
     serve_dtype: str = ""
     acks: dict[tuple[int, int], int] = field(default_factory=dict)
+    promoted_only: bool = False
+    told: tuple[int, bool] | None = None  # the last SERVE sent: (version, canary)
 
 
-class WeightPublisher:
+class WeightPublisher(CanaryGateMixin):
     """Publishes policy versions to every subscribed rollout replica (see module docstring)."""
 
     def __init__(self, cfg: WeightChannelConfig, registry=None, credential: auth.JobCredential | None = None):
@@ -91,6 +101,10 @@ class WeightPublisher:
         self.control_port = 0
         self.rendezvous_port = 0
         self._metrics = PublisherMetrics(registry) if registry is not None else None
+        self.rollout = RolloutState(cfg.rollout)
+        """Canary gate bookkeeping (``weights.rollout``); read it under ``self._lock``."""
+        self._pinned: PinnedSnapshot | None = None  # canary mode: the promoted version's snapshot
+        self._fault = CandidateFault.from_env()  # tests only (services/weights/faults.py)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "WeightPublisher":
@@ -126,8 +140,8 @@ class WeightPublisher:
             self._lock.notify_all()
         for s in subs:
             s.outbox.put(None)
-        if self._arena is not None and self.cfg.snapshot_dir and self._arena.version >= 0:
-            path = Path(self.cfg.snapshot_dir) / f"weights-v{self._arena.version}.safetensors"
+        if self._arena is not None and self.cfg.snapshot_dir and self.snapshot_version >= 0:
+            path = Path(self.cfg.snapshot_dir) / f"weights-v{self.snapshot_version}.safetensors"
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.save_snapshot(path)
@@ -153,7 +167,8 @@ class WeightPublisher:
         return self._latest
 
     def publish(
-        self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], *, borrow: bool = False
+        self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], *, borrow: bool = False,
+        promote: bool = False,
     ) -> PublishReport:
         """Publish ``version`` (> every earlier one) to every ready replica; see module docstring.
 
@@ -167,6 +182,9 @@ class WeightPublisher:
         Raises ``VersionError`` for a version that does not go forward, ``PlanError`` for a
         bad tensor (the transfer is aborted and the version not published). Transfer
         failures do not raise: they are in the returned report.
+        Canary mode: ``promote=True`` (the trainer's starting weights) promotes the version
+        without a canary; otherwise it becomes the candidate, sent to the canaries only, or,
+        while a candidate is under test, is held back (the iterator is drained, nothing sent).
         """
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise VersionError(f"policy version must be a non-negative int, got {version!r}")
@@ -181,7 +199,17 @@ class WeightPublisher:
             if first is None:
                 raise PlanError(f"publish({version}) got no tensors")
             named_tensors = itertools.chain([first], named_tensors)
-            error = self._ensure_group()
+            with self._lock:
+                route = self.rollout.route(promote)
+            if route == "held_back":
+                return self._hold_back(version, named_tensors, t0)
+            if self._fault is not None:
+                named_tensors = self._fault.wrap(route, version, named_tensors)
+            if route == "canaries":
+                with self._lock:
+                    self.rollout.candidate = version  # the canaries are told it (SERVE) before BEGIN
+                self._sync_targets()
+            error = self._ensure_group(route)
             group, members, epoch = self._group, list(self._members), self._epoch
             grace_until = 0.0  # after a failure: how long survivors may take to acknowledge it
 
@@ -239,6 +267,10 @@ class WeightPublisher:
                         inflight.clear()
                         fail(f"bucket {index}: {e}", started)
             except Exception as e:  # PlanError, or the trainer's iterator raised: abort, then re-raise
+                if route == "canaries":  # not published: no candidate after all
+                    with self._lock:
+                        self.rollout.candidate = None
+                    self._sync_targets()
                 if group is not None:
                     if error is None:
                         fail(f"publisher error: {type(e).__name__}: {e}", time.monotonic())
@@ -261,12 +293,30 @@ class WeightPublisher:
             self._latest = version
             if arena is not None:
                 arena.commit(version, keep)
-            report = PublishReport(version, epoch, nb, nt, tb, time.monotonic() - t0, delivered, failed, error)
+            with self._lock:
+                self.rollout.routed(version, route)
+            if route == "promote":
+                self._pin()
+            self._sync_targets()
+            report = PublishReport(version, epoch, nb, nt, tb, time.monotonic() - t0, delivered, failed, error, route)
             if self._metrics is not None:
-                self._metrics.published(report)
+                self._metrics.published(report, self.rollout)
             if error:
                 log.warning("weights v%d: transfer failed (%s); %d replica(s) left out", version, error, len(failed))
             return report
+
+    def _hold_back(self, version: int, named_tensors: Iterable, t0: float) -> PublishReport:
+        """Canary mode, a candidate under test: ``version`` goes to nobody (drained unused)."""
+        nt = tb = 0
+        for _, t in named_tensors:  # the other trainer ranks gather in lockstep
+            nt, tb = nt + 1, tb + t.numel() * t.element_size()
+        self._latest = version
+        with self._lock:
+            self.rollout.routed(version, "held_back")
+        report = PublishReport(version, self._epoch, 0, nt, tb, time.monotonic() - t0, route="held_back")
+        if self._metrics is not None:
+            self._metrics.published(report, self.rollout)
+        return report
 
     def wire_dtype(self, members: list[_Subscriber]) -> torch.dtype | None:
         """The dtype wider floating-point tensors are cast to for ``members`` (None: as they are)."""
@@ -298,12 +348,16 @@ class WeightPublisher:
             self._retired.append(self._group)
         self._group, self._members = None, []
 
-    def _ensure_group(self) -> str | None:
-        """Make ``self._group`` the group of the ready replicas; return an error text on failure."""
+    def _ensure_group(self, route: str = "all") -> str | None:
+        """Make ``self._group`` the group of the ready replicas the ``route`` sends to (the
+        canaries only for a candidate, nobody for a promotion without canary); return an
+        error text on failure."""
         self._join_failed = []
         with self._lock:
             candidates = sorted(
-                (s for s in self._subs.values() if s.connected and s.ready), key=lambda s: s.replica_id
+                (s for s in self._subs.values() if s.connected and s.ready and route != "promote"
+                 and (route != "canaries" or self.rollout.is_canary(s.replica_id))),
+                key=lambda s: s.replica_id,
             )
             if self._group is not None and candidates == self._members and not self._group.aborted:
                 return None
@@ -373,7 +427,9 @@ class WeightPublisher:
         with self._lock:
             return {
                 s.replica_id: pb.ReplicaStatus(replica_id=s.replica_id, served_version=s.served_version,
-                                               received_version=s.received_version, ready=s.ready)
+                                               received_version=s.received_version, ready=s.ready,
+                                               canary=self.rollout.is_canary(s.replica_id),
+                                               target_version=s.told[0] if s.told else -1)
                 for s in self._subs.values()
                 if s.connected
             }
@@ -395,7 +451,10 @@ class WeightPublisher:
 
     @property
     def snapshot_version(self) -> int:
-        """Version of the snapshot being served (-1 when none, or while a publish overwrites it)."""
+        """Version of the snapshot being served (-1 when none, or while a publish overwrites
+        it); in canary mode the promoted version's."""
+        if self._pinned is not None:
+            return self._pinned.version
         return self._arena.version if self._arena is not None else -1
 
     def wait_for_snapshot(self, version: int, timeout: float) -> bool:
@@ -403,14 +462,17 @@ class WeightPublisher:
         return self._arena is not None and self._arena.wait_for(version, timeout)
 
     def save_snapshot(self, path: str | Path) -> int:
-        """Write the served snapshot to ``path`` as a safetensors file; return its version."""
+        """Write the served snapshot (canary mode: the promoted version's) to ``path`` as a
+        safetensors file; return its version."""
         if self._arena is None:
             raise SnapshotError("snapshots are turned off (weights.snapshot=false)")
+        if self._pinned is not None:
+            return self._pinned.save(Path(path))
         return self._arena.save(Path(path))
 
     # ------------------------------------------------------------------ servicer hooks
     def _subscribe(self, replica_id: str, served_version: int, served_session: int = 0,
-                   serve_dtype: str = "") -> _Subscriber:
+                   serve_dtype: str = "", promoted_only: bool = False) -> _Subscriber:
         if served_session not in (0, self.session):
             served_version = -1  # another publisher's version numbers are not ours
         with self._lock:
@@ -419,12 +481,14 @@ class WeightPublisher:
             old = self._subs.get(replica_id)
             if old is None and len(self._subs) >= self.cfg.max_replicas:
                 raise TransferError(f"max_replicas={self.cfg.max_replicas} replicas already subscribed")
-            sub = _Subscriber(replica_id, queue.Queue(), served_version=served_version, serve_dtype=serve_dtype)
+            sub = _Subscriber(replica_id, queue.Queue(), served_version=served_version, serve_dtype=serve_dtype,
+                              promoted_only=promoted_only)
             self._subs[replica_id] = sub
             self._lock.notify_all()
         if old is not None:
             old.connected = False
             old.outbox.put(None)
+        self._sync_targets()  # (queued behind the WELCOME the servicer sends first)
         if self._metrics is not None:
             self._metrics.served(replica_id, served_version)
         return sub
@@ -436,6 +500,7 @@ class WeightPublisher:
                 del self._subs[sub.replica_id]
             self._lock.notify_all()
         sub.outbox.put(None)
+        self._sync_targets()  # a canary's seat goes to another replica
 
     def _ack(self, req: pb.AckRequest) -> bool:
         with self._lock:
@@ -443,7 +508,8 @@ class WeightPublisher:
             if sub is None:
                 return False
             if req.status == pb.ACK_STATUS_LOADED:
-                sub.served_version = max(sub.served_version, req.policy_version)
+                rollback = sub.told is not None and req.policy_version == sub.told[0]  # canary: told to go back
+                sub.served_version = req.policy_version if rollback else max(sub.served_version, req.policy_version)
             elif req.session == self.session:
                 sub.acks[(req.epoch, req.policy_version)] = req.status
                 if len(sub.acks) > 64:  # keep the recent ones only
@@ -463,8 +529,14 @@ class WeightPublisher:
         return True
 
     def _status(self) -> pb.StatusReply:
+        with self._lock:
+            r = self.rollout
+            gate = dict(rollout_mode=r.cfg.mode, promoted_version=r.promoted if r.canary_mode else self._latest,
+                        candidate_version=-1 if r.candidate is None else r.candidate, paused=r.paused,
+                        events=[pb.RolloutEvent(ts=e.ts, policy_version=e.version, kind=e.kind, reason=e.reason,
+                                                measurements=e.measurements) for e in r.events])
         return pb.StatusReply(session=self.session, latest_version=self._latest, snapshot_version=self.snapshot_version,
-                              epoch=self._epoch, replicas=list(self.replicas().values()))
+                              epoch=self._epoch, replicas=list(self.replicas().values()), **gate)
 
 
 def _to_arena(b: Bucket, arena: SnapshotArena) -> Bucket:

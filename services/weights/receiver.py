@@ -12,6 +12,11 @@ The consumer (the rollout loop) calls ``wait_for_update(timeout)`` and iterates
 ``update.tensors()`` while buckets arrive; when a transfer fails, iteration raises
 ``TransferError`` and the replica catches up with ``fetch_snapshot()`` (or the next
 version). ``report_loaded(version)`` tells the publisher which version it serves.
+
+With the canary gate (``weights.rollout.mode: canary``) the publisher also says which
+version this replica is to serve and whether it is a canary (SERVE): ``target`` holds
+it; the consumer loads that version (by broadcast, or from ``fetch_snapshot()``, which
+then streams that version), going back to it after a rejected candidate.
 """
 
 from __future__ import annotations
@@ -142,14 +147,20 @@ class WeightReceiver:
 
     def __init__(self, cfg: WeightChannelConfig, replica_id: str, address: str | None = None, served_version: int = -1,
                  served_session: int = 0, credential: auth.JobCredential | None = None,
-                 on_event: Callable[[str], None] | None = None, serve_dtype: str = ""):
+                 on_event: Callable[[str], None] | None = None, serve_dtype: str = "", promoted_only: bool = False):
         self.cfg = cfg
         self.credential = auth.resolve(credential)  # every call to the publisher carries it
         self.serve_dtype = serve_dtype
         """Announced to the publisher: the dtype this replica serves (see weights.wire_dtype)."""
+        self.promoted_only = promoted_only
+        """Announced to the publisher: never a canary, only promoted versions (the live-policy endpoint)."""
+        self.target: tuple[int, bool] | None = None
+        """Canary mode: ``(version to serve, is a canary)`` as the publisher of this session last
+        said (SERVE); None in mode all or before it said anything."""
         self._on_event = on_event
         """Called (from the receiver's threads, must not block) with "update" when a version
-        begins, "welcome" when a publisher (re)subscribed us, "fatal" on a fatal error."""
+        begins, "welcome" when a publisher (re)subscribed us, "serve" when the version to serve
+        changed (canary mode), "fatal" on a fatal error."""
         self.replica_id = check_replica_id(replica_id)
         self.address = address or f"{cfg.host}:{cfg.control_port}"
         self._served = served_version
@@ -283,7 +294,8 @@ class WeightReceiver:
         thread (in order, one at a time), so the caller -- the vLLM worker, which the engine
         waits for -- does not wait for the publisher's answer."""
         same_line = self._served_session in (0, self._session)
-        if version < self._served and same_line:
+        told_back = self.target is not None and self.target[0] == version  # canary mode: a rollback
+        if version < self._served and same_line and not told_back:
             raise VersionError(f"report_loaded({version}) after already serving v{self._served}")
         self._served, self._served_session = version, self._session
         if wait:
@@ -377,7 +389,8 @@ class WeightReceiver:
         broken_since: float | None = None
         while not self._closed.is_set():
             req = pb.SubscribeRequest(replica_id=self.replica_id, served_version=self._served,
-                                      served_session=self._served_session, serve_dtype=self.serve_dtype)
+                                      served_session=self._served_session, serve_dtype=self.serve_dtype,
+                                      promoted_only=self.promoted_only)
             try:
                 self._call = self._stub.Subscribe(req)  # type: ignore[union-attr]
                 for msg in self._call:
@@ -457,6 +470,7 @@ class WeightReceiver:
             if msg.session != self._session:  # a (new) publisher: epochs and versions start over
                 self._session, self._epoch = msg.session, 0
                 self.received_version = -1
+                self.target = None
                 self._drop_group()
                 self._drop_store()
                 self._fail_current("publisher changed", ack=False)
@@ -467,6 +481,12 @@ class WeightReceiver:
             return
         if msg.session != self._session:
             return  # left over from an earlier publisher
+        if kind == "serve":  # of the session, not of an epoch: a promoted replica joins none
+            with self._cond:
+                self.target = (msg.policy_version, msg.serve.canary)
+                self._cond.notify_all()
+            self._event("serve")
+            return
         if kind == "join":
             if msg.epoch <= self._epoch:
                 raise VersionError(f"JOIN of epoch {msg.epoch} after epoch {self._epoch}")

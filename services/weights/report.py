@@ -22,3 +22,5 @@ class PublishReport:
     delivered: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     error: str | None = None
+    route: str = "all"
+    """Canary mode: ``promote``, ``canaries`` or ``held_back`` (sent to nobody); else ``all``."""

@@ -163,7 +163,7 @@ def test_prometheus_config_and_rules_pass_promtool(tmp_path):
     secret = next(s for s in compose()["services"]["prometheus"]["secrets"] if isinstance(s, dict))
     assert secret["target"] == "/etc/prometheus/" + gw["authorization"]["credentials_file"]
     r = _promtool("check", "rules", "alerts.yml")
-    assert r.returncode == 0 and "7 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "8 rules found" in r.stdout, r.stdout + r.stderr
 
 
 def test_alert_rules_fire_as_their_unit_tests_say(tmp_path):
@@ -173,7 +173,7 @@ def test_alert_rules_fire_as_their_unit_tests_say(tmp_path):
     tested = set(re.findall(r"alertname: (\w+)", (PROM / "alerts_test.yml").read_text()))
     assert names == tested == {"MeshrlTrainerDown", "MeshrlTrainerStalled", "MeshrlReplicaServingOldVersion",
                                "MeshrlQueueGrowing", "MeshrlLogprobGapDrift", "MeshrlJobStalled",
-                               "MeshrlServiceRestarting"}  # fmt: skip
+                               "MeshrlServiceRestarting", "MeshrlCanaryRejected"}  # fmt: skip
     # ... and a broken rule makes the same tests fail (the check can fail).
     broken = (PROM / "alerts.yml").read_text().replace("> 2", "> 100")
     (tmp_path / "alerts.yml").write_text(broken)

@@ -1,0 +1,145 @@
+"""Benchmark: the same job with every version pushed to all replicas, and through the canary gate.
+
+Both modes run the whole mesh (``meshrl run``: embedded broker, two vLLM replicas, one reward
+worker, one FSDP2 trainer rank) on the same warm-started tiny model, data, seed and number of
+steps; only ``weights.rollout.mode`` differs:
+
+- ``all``: every published version goes to both replicas at once;
+- ``canary``: one replica is the canary; a version is promoted to the other once the
+  trainer judged the canary's samples of it. The publisher's test-only fault
+  (``MESHRL_TEST_WEIGHTS_FAULT``) negates ``model.norm.weight`` of the ``--bad-candidate``-th
+  candidate (valid tensors, wrong policy), with ``on_reject: continue``, so the run also
+  shows how fast a bad version is caught -- and that the other replica never serves it.
+
+    python bench/canary.py [--steps 16 --batch 8 --n 4 --staleness 3 --bad-candidate 3]
+
+Throughput is trained samples per second from the end of the first step (start-up counts in
+neither mode). ``promote_delay_s`` is the median time from a candidate's publication to its
+promotion; ``detect_steps`` the trainer steps from the bad version's publication (its
+version number is the step that made it) to the step that rejected it. Last line:
+``canary throughput_ratio=<canary/all> promote_delay_s=<median> detect_steps=<steps>
+bad_version_on_promoted_replica=<yes|no>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from async_vs_sync import prepare  # the same tiny model, task and warm start
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=16, help="training steps per mode")
+    p.add_argument("--batch", type=int, default=8, help="prompts per step (data.train_batch_size)")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt (rollout.n)")
+    p.add_argument("--response", type=int, default=16, help="data.max_response_length (tokens)")
+    p.add_argument("--terms", type=int, default=2, help="operands per arith prompt")
+    p.add_argument("--staleness", type=int, default=3, help="async.max_staleness of both modes")
+    p.add_argument("--bad-candidate", type=int, default=3, help="which candidate the fault corrupts (0: none)")
+    p.add_argument("--warm-steps", type=int, default=60, help="supervised warm-start steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default="all,canary", help="comma-separated: all, canary")
+    p.add_argument("--workdir", default=None, help="where models, data and runs go (default: a temp dir)")
+    return p.parse_args()
+
+
+def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Namespace) -> dict:
+    run_dir = work / f"run-{mode}"
+    overrides = [
+        f"name=bench-canary-{mode}", f"model.path={model}", f"data.train_files={train}", "data.val_files=[]",
+        f"data.max_response_length={args.response}", f"data.train_batch_size={args.batch}", f"data.seed={args.seed}",
+        f"rollout.n={args.n}", f"rollout.seed={args.seed}", f"actor.ppo_mini_batch_size={args.batch}",
+        f"actor.ppo_micro_batch_size_per_gpu={args.batch * args.n}", f"trainer.total_steps={args.steps}",
+        "trainer.save_freq=-1", "services.rollout.replicas=2", f"async.max_staleness={args.staleness}",
+        f"weights.rollout.mode={mode}", "weights.rollout.on_reject=continue",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if mode == "canary" and args.bad_candidate:
+        env["MESHRL_TEST_WEIGHTS_FAULT"] = f"candidate={args.bad_candidate}:negate:model.norm.weight"
+    cmd = [sys.executable, "-m", "services.cli", "run", str(ROOT / "examples" / "quickstart.yaml"), *overrides,
+           "--run-dir", str(run_dir), "--no-progress"]
+    with open(work / f"{mode}.log", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=7200)
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode}: meshrl run exited {proc.returncode}\n{(work / f'{mode}.log').read_text()[-3000:]}")
+    hist = json.loads((run_dir / "summary.json").read_text())["history"]
+    lines = [json.loads(x) for x in (run_dir / "trainer_metrics.jsonl").read_text().splitlines() if x.strip()]
+    # trained samples per second from the end of the first step (the judging batches of canary
+    # mode close early, so steps differ in size: count the samples)
+    samples = sum(rec["samples"] for rec in lines[1:])
+    train_s = hist[-1]["t"] - hist[0]["t"]
+    out = {"mode": mode, "samples": samples, "train_s": train_s, "samples_per_s": samples / max(train_s, 1e-9),
+           "final_reward": statistics.fmean(h["reward_mean"] for h in hist[-5:]),
+           "staleness_mean": statistics.fmean(h["staleness"] for h in hist)}
+    if mode == "canary":
+        out.update(gate_figures(run_dir, lines, args.bad_candidate))
+    return out
+
+
+def gate_figures(run_dir: Path, lines: list[dict], bad_candidate: int) -> dict:
+    """Promotion delays, detection steps, and whether the promoted replica served the bad version."""
+    weights = json.loads((run_dir / "status.json").read_text())["weights"]
+    events = weights.get("events", [])
+    published = {e["version"]: e["ts"] for e in events if e["kind"] == "candidate"}
+    delays = [e["ts"] - published[e["version"]] for e in events if e["kind"] == "promoted" and e["version"] in published]
+    candidates = [e["version"] for e in events if e["kind"] == "candidate"]
+    bad = candidates[bad_candidate - 1] if 0 < bad_candidate <= len(candidates) else None
+    rejected_at = next((rec["step"] for rec in lines
+                        if rec.get("canary", {}).get("version") == bad and not rec["canary"]["promoted"]), None)
+    served_bad = False
+    for name, r in weights["replicas"].items():
+        if r["role"] == "promoted":
+            log = (run_dir / "logs" / f"{name}.log").read_text()
+            served_bad |= bad is not None and bool(re.search(rf"serves (policy version {bad}\b|v{bad} \()", log))
+    return {"promote_delays_s": delays, "promotions": len(delays), "bad_version": bad,
+            "rejected_at_step": rejected_at, "detect_steps": None if rejected_at is None or bad is None
+            else rejected_at - bad, "bad_version_on_promoted_replica": served_bad,
+            "rejections": {k: v for k, v in weights.get("rejected", {}).items()}}
+
+
+def main() -> int:
+    args = parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="meshrl-canary-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"load average at start: {Path('/proc/loadavg').read_text().strip()}", flush=True)
+    model, train = prepare(work, args.seed, args.warm_steps, args.terms)
+    results = {}
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        t0 = time.monotonic()
+        r = results[mode] = run_mode(mode, work, model, train, args)
+        print(f"{mode:6s} samples_per_s={r['samples_per_s']:.1f} samples={r['samples']} train_s={r['train_s']:.1f} "
+              f"wall_s={time.monotonic() - t0:.0f} final_reward={r['final_reward']:.3f} "
+              f"staleness_mean={r['staleness_mean']:.2f} load={Path('/proc/loadavg').read_text().split()[:3]}",
+              flush=True)
+        if mode == "canary":
+            print(f"       promotions={r['promotions']} delays_s={[round(d, 1) for d in r['promote_delays_s']]} "
+                  f"bad_version=v{r['bad_version']} rejected_at_step={r['rejected_at_step']} "
+                  f"rejections={r['rejections']}", flush=True)
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    if "all" not in results or "canary" not in results:
+        print(f"results in {work / 'results.json'} (need both modes for the ratio line)")
+        return 0
+    c = results["canary"]
+    ratio = c["samples_per_s"] / results["all"]["samples_per_s"]
+    delay = statistics.median(c["promote_delays_s"]) if c["promote_delays_s"] else float("nan")
+    print(f"load average at end: {Path('/proc/loadavg').read_text().strip()}")
+    print(f"canary throughput_ratio={ratio:.3f} promote_delay_s={delay:.1f} detect_steps={c['detect_steps']} "
+          f"bad_version_on_promoted_replica={'yes' if c['bad_version_on_promoted_replica'] else 'no'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

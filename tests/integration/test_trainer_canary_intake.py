@@ -1,0 +1,133 @@
+"""The trainer's intake with the canary gate, on a real queue (the embedded broker): a
+candidate's samples wait, are judged in a batch, and a rejected version's samples are
+dropped and counted wherever they turn up -- never trained."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.config.queues import EmbeddedQueueConfig
+from services.config.weights import WeightChannelConfig
+from services.queues import make_queue
+from services.weights import WeightPublisher
+from trainer_svc.canary import META_KEY, CanaryGate, judge
+from trainer_svc.intake import QueueIntake
+from trainer_svc.synthetic import make_group
+
+
+def _group(uid: str, version: int, n: int = 2):
+    g = make_group(uid, n=n, prompt_len=4, response_len=5, vocab_size=64, seed=hash(uid) % 1000)
+    g.batch["policy_version"] = torch.full((n,), version, dtype=torch.long)
+    return g
+
+
+async def test_a_rejected_candidates_samples_are_held_judged_and_dropped_never_trained(broker):
+    cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
+    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 4}))
+    pub.rollout.routed(0, "promote")
+    pub.rollout.routed(1, "canaries")  # v1 is the candidate at the canary
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=4)
+    intake = QueueIntake(consumer, train_batch_size=2, max_staleness=2, poll_s=0.2, gate=gate)
+    await producer.put([_group("c0", 1), _group("c1", 1), _group("p0", 0), _group("p1", 0), _group("p2", 0)])
+
+    pending = await intake.next_batch(1, timeout=10)
+    # c0 and c1 (4 samples of v1) were held, then judged together: the batch closes at once
+    spec = pending.data.meta_info[META_KEY]
+    assert spec["version"] == 1 and spec["measurements"]["samples"] == 4.0
+    assert list(pending.data.non_tensor_batch["uid"]) == ["c0", "c0", "c1", "c1"]
+
+    # the step: the trainer's probabilities of the candidate's tokens are far from the replica's
+    b = pending.data.batch
+    b["old_log_probs"] = b["rollout_log_probs"] - 3.0
+    verdict, removed = judge(pending.data, spec, current_version=1, max_staleness=2)
+    assert not verdict["promoted"] and removed.tolist() == [True] * 4
+    pending.remove(removed, rejected=True)
+    gate.decide(verdict)
+    assert pub.rollout.rejected.keys() == {1} and pub.rollout.candidate is None
+    await intake.commit(pending)
+    c = intake.counters
+    assert (c.samples_trained, c.dropped_rejected, c.dropped_stale) == (0, 4, 4)  # dropped for its version
+    assert await consumer.stages(["c0/0", "c1/1"]) == {"c0/0": "dropped", "c1/1": "dropped"}
+    assert pending.staleness == []
+
+    pending = await intake.next_batch(1, timeout=10)  # the promoted samples train
+    assert list(pending.data.non_tensor_batch["uid"]) == ["p0", "p0", "p1", "p1"]
+    assert META_KEY not in pending.data.meta_info
+    await intake.commit(pending)
+    # a sample of v1 that arrives later is dropped as it turns up
+    await producer.put([_group("c2", 1), _group("p3", 0)])
+    pending = await intake.next_batch(1, timeout=10)
+    assert list(pending.data.non_tensor_batch["uid"]) == ["p2", "p2", "p3", "p3"]
+    await intake.commit(pending)
+    assert await consumer.stages(["c2/0", "c2/1", "p3/0"]) == {"c2/0": "dropped", "c2/1": "dropped",
+                                                               "p3/0": "trained"}
+    assert await consumer.depth() == 0
+    assert (c.samples_trained, c.dropped_rejected, c.dropped_stale) == (8, 6, 6)
+    await producer.close()
+    await consumer.close()
+
+
+async def test_a_promoted_candidates_samples_are_trained_and_the_next_version_is_the_next_candidate(broker):
+    cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
+    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 2}))
+    pub.rollout.routed(0, "promote")
+    pub.rollout.routed(3, "canaries")
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=4)
+    intake = QueueIntake(consumer, train_batch_size=2, max_staleness=4, poll_s=0.2, gate=gate)
+    await producer.put([_group("c0", 3), _group("p0", 0), _group("c1", 3), _group("p1", 0)])
+    pending = await intake.next_batch(4, timeout=10)
+    spec = pending.data.meta_info[META_KEY]
+    assert list(pending.data.non_tensor_batch["uid"]) == ["p0", "p0", "c0", "c0"]
+    b = pending.data.batch
+    b["old_log_probs"] = b["rollout_log_probs"] - 0.001
+    verdict, removed = judge(pending.data, spec, current_version=4, max_staleness=4)
+    assert verdict["promoted"] and not bool(removed.any())
+    gate.decide(verdict)
+    await intake.commit(pending)
+    assert pub.rollout.promoted == 3 and pub.rollout.wants_next()
+    pending = await intake.next_batch(4, timeout=10)  # c1, held while c0 was judged, now trains
+    assert sorted(set(pending.data.non_tensor_batch["uid"])) == ["c1", "p1"] and META_KEY not in pending.data.meta_info
+    assert pending.staleness == [1, 1, 4, 4]
+    await intake.commit(pending)
+    assert intake.counters.dropped_rejected == 0 and intake.counters.samples_trained == 8
+    assert await consumer.depth() == 0
+    await producer.close()
+    await consumer.close()
+
+
+async def test_a_candidate_with_too_many_rollout_errors_is_rejected_at_the_intake(broker):
+    import numpy as np
+
+    cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
+    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={
+        "mode": "canary", "promote_after_samples": 4, "max_error_rate_increase": 0.25}))
+    pub.rollout.routed(0, "promote")
+    pub.rollout.routed(1, "canaries")
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=4)
+    intake = QueueIntake(consumer, train_batch_size=2, max_staleness=2, poll_s=0.2, gate=gate)
+    broken = [_group(f"c{i}", 1) for i in range(2)]
+    for g in broken:
+        g.non_tensor_batch["error"] = np.array(["vllm: engine error", ""], dtype=object)
+    await producer.put([_group("p0", 0), *broken, _group("p1", 0)])
+    pending = await intake.next_batch(1, timeout=10)
+    assert pending.data is None, "decided at the intake: nothing to train, the trainer offers a new candidate"
+    assert pub.rollout.rejected[1].startswith("error rate 0.500 vs promoted 0.000")
+    assert [e.kind for e in pub.rollout.events][-1] == "rejected"
+    pending = await intake.next_batch(1, timeout=10)  # p0 went back to the backlog: nothing lost
+    assert list(pending.data.non_tensor_batch["uid"]) == ["p0", "p0", "p1", "p1"]
+    await intake.commit(pending)
+    assert await consumer.stages(["c0/0", "c1/1", "p0/0"]) == {"c0/0": "dropped", "c1/1": "dropped",
+                                                               "p0/0": "trained"}
+    assert (intake.counters.dropped_rejected, intake.counters.samples_trained) == (4, 4)
+    await producer.close()
+    await consumer.close()

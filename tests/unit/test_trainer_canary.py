@@ -1,0 +1,120 @@
+"""The trainer's side of the canary gate: the verdict of a step, the intake's bounds, the
+settings a canary job needs (``trainer_svc.canary``, ``services.config``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.config.job import parse_job
+from services.config.weights import RolloutGateConfig, WeightChannelConfig
+from services.weights import WeightPublisher
+from trainer_svc.canary import CanaryGate, judge
+from trainer_svc.synthetic import make_group
+
+
+def batch(versions: list[int], p_rollout: list[float], p_trainer: list[float]):
+    """One row per version; every response token has those probabilities."""
+    g = make_group("u", n=len(versions), prompt_len=3, response_len=4, vocab_size=32, seed=1)
+    b = g.batch
+    b["policy_version"] = torch.tensor(versions)
+    b["response_mask"] = torch.ones(len(versions), 4)
+    b["rollout_log_probs"] = torch.tensor(p_rollout).log()[:, None].expand(-1, 4).clone()
+    b["old_log_probs"] = torch.tensor(p_trainer).log()[:, None].expand(-1, 4).clone()
+    return g
+
+
+SPEC = {"version": 7, "max_probs_diff_increase": 0.05, "promoted_probs_diff": None, "measurements": {"samples": 2.0}}
+
+
+def test_a_candidate_close_to_the_promoted_rows_is_promoted_and_only_its_too_stale_rows_leave():
+    b = batch([7, 7, 6, 5], p_rollout=[0.50, 0.40, 0.30, 0.60], p_trainer=[0.48, 0.42, 0.27, 0.64])
+    verdict, removed = judge(b, SPEC, current_version=8, max_staleness=3)
+    assert verdict["promoted"] and verdict["reason"] == ""
+    m = verdict["measurements"]
+    assert m["probs_diff"] == pytest.approx(0.02) and m["promoted_probs_diff"] == pytest.approx(0.035)
+    assert m["samples"] == 2.0 and m["judged_samples"] == 2.0
+    assert removed.tolist() == [False, False, False, False]
+    _, removed = judge(b, SPEC, current_version=11, max_staleness=3)  # 11 - 7 > 3: judged, then left out
+    assert removed.tolist() == [True, True, False, False]
+
+
+def test_a_candidate_far_from_the_trainer_is_rejected_and_all_its_rows_leave():
+    b = batch([7, 6, 7], p_rollout=[0.9, 0.5, 0.8], p_trainer=[0.1, 0.48, 0.2])
+    verdict, removed = judge(b, SPEC, current_version=7, max_staleness=1)
+    assert not verdict["promoted"] and "probs_diff 0.7000 vs promoted 0.0200" in verdict["reason"]
+    assert removed.tolist() == [True, False, True]
+
+
+def test_without_promoted_rows_the_last_batch_figure_is_the_baseline():
+    b = batch([7, 7], p_rollout=[0.5, 0.5], p_trainer=[0.42, 0.42])
+    assert not judge(b, SPEC, 7, 1)[0]["promoted"]  # no baseline: 0.08 > 0 + 0.05
+    verdict, _ = judge(b, {**SPEC, "promoted_probs_diff": 0.05}, 7, 1)
+    assert verdict["promoted"] and verdict["measurements"]["promoted_probs_diff"] == 0.05
+
+
+class Item:
+    def __init__(self, i: str, data) -> None:
+        self.id, self.data = i, data
+
+
+def test_the_intake_bounds_compare_the_candidate_with_the_promoted_samples():
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary"}))
+    pub.rollout.routed(0, "promote")
+    pub.rollout.routed(1, "canaries")
+    gate = CanaryGate(RolloutGateConfig(mode="canary", promote_after_samples=4, max_error_rate_increase=0.2,
+                                        max_reward_drop=0.3), pub, batch_samples=16)
+    assert gate.candidate_version() == 1
+    gate.observe_promoted(torch.tensor([False, False, False, True]), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    gate.hold(Item("a", None), torch.tensor([True, False]), torch.tensor([0.0, 0.0]))
+    assert not gate.ready()
+    gate.hold(Item("a", None))  # the same item handed back: counted once
+    assert not gate.ready()
+    gate.hold(Item("b", None), torch.tensor([True, False]), torch.tensor([0.0, 1.0]))
+    assert gate.ready() and gate.is_held("a") and gate.is_held("b")
+    reasons, m = gate.intake_verdict()
+    assert m["error_rate"] == 0.5 and m["promoted_error_rate"] == 0.25
+    assert m["reward"] == 0.5 and m["promoted_reward"] == pytest.approx(2 / 3)
+    assert len(reasons) == 1 and reasons[0].startswith("error rate 0.500 vs promoted 0.250")
+    dropped = gate.reject_at_intake(reasons, m)
+    assert [it.id for it in dropped] == ["a", "b"]
+    assert pub.rollout.rejected == {1: reasons[0]} and pub.rollout.candidate is None
+    assert gate.rejected(torch.tensor([0, 1, 2])).tolist() == [False, True, False]
+
+
+def test_a_judged_candidate_releases_what_arrived_meanwhile_and_on_reject_fail_stops():
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "on_reject": "fail"}))
+    pub.rollout.routed(0, "promote")
+    pub.rollout.routed(3, "canaries")
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=64)
+    gate.candidate_version()
+    for i in "abc":
+        gate.hold(Item(i, None), torch.tensor([False] * 16), torch.ones(16))
+    items, spec = gate.take_for_judging(limit=2)
+    assert [it.id for it in items] == ["a", "b"] and spec["version"] == 3 and not gate.ready()
+    assert spec["measurements"]["samples"] == 48.0 and math.isnan(gate.intake_verdict()[1].get("promoted_reward",
+                                                                                                  math.nan))
+    gate.decide({"version": 3, "promoted": False, "reason": "probs_diff", "measurements": {"promoted_probs_diff": 0.02}})
+    assert [it.id for it in gate.take_released()] == ["c"] and gate.take_released() == []
+    assert gate.failed.startswith("v3 rejected") and gate.last_probs_diff == 0.02
+
+
+def spec(**over):
+    raw = {"name": "c", "model": {"path": "m"}, "data": {"train_files": ["t.parquet"], "train_batch_size": 4},
+           "actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 4},
+           "services": {"rollout": {"replicas": 2}}, "weights": {"rollout": {"mode": "canary"}}}
+    return parse_job(raw, [f"{k}={v}" for k, v in over.items()])
+
+
+def test_a_canary_job_is_checked_against_the_other_blocks():
+    assert spec().weights.rollout.samples_to_decide(16) == 8
+    for over, needle in (
+        ({"services.rollout.replicas": 1}, "canary_replicas (1) must be below services.rollout.replicas (1)"),
+        ({"async.mode": "sync", "async.max_staleness": 0}, "with async.mode=sync"),
+        ({"rollout.calculate_log_probs": "false"}, "rollout.calculate_log_probs=true"),
+        ({"weights.rollout.promote_after_samples": 17}, "exceeds one batch"),
+    ):
+        with pytest.raises(Exception, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            spec(**over)

@@ -1,0 +1,271 @@
+"""The canary gate in the trainer: which samples wait, and the verdict on a candidate.
+
+With ``weights.rollout.mode: canary`` the publisher (rank 0) sends each candidate version
+to the canary replicas only (docs/weights.md, "Promotion"). The trainer judges it from the
+canaries' samples of it, in three places:
+
+1. **Intake** (rank 0, :class:`CanaryGate`): a sample of the candidate version is *held*:
+   neither trained nor acked. The error rate and the mean score of the candidate's samples
+   are tallied against those of the promoted versions' recent samples. Once
+   ``promote_after_samples`` of them were seen, the error and reward bounds are checked;
+   failing one rejects the candidate at once, else the held groups go into the next batch,
+   marked for evaluation (``meta_info["canary"]``).
+2. **Step** (every rank, :func:`judge`): after the old log-probs are recomputed, the mean
+   ``|p_rollout - p_trainer|`` of the candidate's sampled tokens is compared with that of the
+   promoted versions' rows of the same batch (the same weights judge both). The verdict is
+   computed from the broadcast batch alone, so every rank reaches the same one; a rejected
+   candidate's rows leave the batch before the advantages and the update.
+3. **After the step** (rank 0, :meth:`CanaryGate.decide`): the publisher promotes or
+   rejects; a rejection is logged with its measurements and the job follows ``on_reject``.
+
+Samples of a rejected version are dropped wherever they turn up, counted as dropped for
+their version (``dropped_stale``) and, apart, as ``dropped_rejected``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from services.config.weights import RolloutGateConfig
+from services.protocol import DataProto
+
+logger = logging.getLogger("meshrl.trainer.canary")
+
+META_KEY = "canary"
+"""``meta_info`` key of a batch that carries a candidate's samples to judge."""
+
+
+def _mean(total: float, count: int) -> float:
+    return total / count if count else float("nan")
+
+
+@dataclass
+class Tally:
+    """Error and score sums over samples (the candidate's, or the promoted versions')."""
+
+    samples: int = 0
+    errors: int = 0
+    score_sum: float = 0.0
+    scored: int = 0
+
+    def add(self, errors: torch.Tensor, scores: torch.Tensor) -> None:
+        """``errors``: bool per sample (a rollout error); ``scores``: sequence score per sample."""
+        self.samples += int(errors.numel())
+        self.errors += int(errors.sum())
+        ok = ~errors
+        self.score_sum += float(scores[ok].sum())
+        self.scored += int(ok.sum())
+
+    @property
+    def error_rate(self) -> float:
+        return _mean(self.errors, self.samples)
+
+    @property
+    def reward(self) -> float:
+        return _mean(self.score_sum, self.scored)
+
+
+class _Window:
+    """The promoted versions' most recent samples (a bounded window of per-item tallies)."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.max_samples = max_samples
+        self._parts: deque[Tally] = deque()
+
+    def add(self, t: Tally) -> None:
+        self._parts.append(t)
+        while len(self._parts) > 1 and sum(p.samples for p in self._parts) - self._parts[0].samples >= self.max_samples:
+            self._parts.popleft()
+
+    def total(self) -> Tally:
+        out = Tally()
+        for p in self._parts:
+            out.samples += p.samples
+            out.errors += p.errors
+            out.score_sum += p.score_sum
+            out.scored += p.scored
+        return out
+
+
+def sample_errors_and_scores(data: DataProto, is_reward_failure) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sample: a rollout error (no usable response), and the sequence score."""
+    n = len(data)
+    errs = data.non_tensor_batch.get("error") if data.non_tensor_batch is not None else None
+    failed = torch.tensor([bool(e) and not is_reward_failure(e) for e in errs], dtype=torch.bool) \
+        if errs is not None else torch.zeros(n, dtype=torch.bool)
+    scores = data.batch["token_level_scores"].float().reshape(n, -1).sum(-1)
+    return failed, scores
+
+
+@dataclass
+class Candidate:
+    """What the intake holds of the candidate version under test."""
+
+    version: int
+    tally: Tally = field(default_factory=Tally)
+    held: dict[str, Any] = field(default_factory=dict)  # entry id -> the newest lease of the item
+    judging: bool = False  # its groups went into a batch; the step decides
+
+
+class CanaryGate:
+    """Rank 0's side of the gate (module docstring): ``publisher`` is the trainer's
+    :class:`~services.weights.publisher.WeightPublisher`."""
+
+    def __init__(self, cfg: RolloutGateConfig, publisher: Any, batch_samples: int) -> None:
+        self.cfg = cfg
+        self.publisher = publisher
+        self.rollout = publisher.rollout
+        self.needed = cfg.samples_to_decide(batch_samples)
+        """Samples of a candidate to see before judging it (``promote_after_samples``)."""
+        self.baseline = _Window(max(4 * self.needed, 64))
+        self.candidate: Candidate | None = None
+        self.released: list[Any] = []  # held items whose version was decided: screen them again
+        self.last_probs_diff: float | None = None  # the promoted rows' gap of the last evaluated batch
+        self.failed = ""  # on_reject=fail: why (the trainer stops)
+
+    # ------------------------------------------------------------------ intake
+    def candidate_version(self) -> int | None:
+        """The version under test (samples of it are held), None when there is none."""
+        v = self.rollout.candidate
+        if self.candidate is None or self.candidate.version != v:
+            if self.candidate is not None:  # decided elsewhere (never in practice): screen its items again
+                self.released.extend(self.candidate.held.values())
+            self.candidate = None if v is None else Candidate(v)
+        return v
+
+    def rejected(self, versions: torch.Tensor) -> torch.Tensor:
+        """Bool per sample: its version was rejected."""
+        bad = list(self.rollout.rejected)
+        return torch.isin(versions, torch.tensor(bad, dtype=versions.dtype)) if bad else torch.zeros_like(versions,
+                                                                                                         dtype=torch.bool)
+
+    def hold(self, item: Any, errors: torch.Tensor | None = None, scores: torch.Tensor | None = None) -> None:
+        """Keep ``item`` until the candidate is decided, tallying its candidate samples'
+        ``errors`` and ``scores`` (none for a redelivery of a held item: its new lease
+        replaces the old)."""
+        c = self.candidate
+        assert c is not None
+        if errors is not None and scores is not None and item.id not in c.held:
+            c.tally.add(errors, scores)
+        c.held[item.id] = item
+
+    def observe_promoted(self, errors: torch.Tensor, scores: torch.Tensor) -> None:
+        """Samples of promoted (or older) versions, as the intake sees them: the baseline."""
+        t = Tally()
+        t.add(errors, scores)
+        self.baseline.add(t)
+
+    def is_held(self, entry_id: str) -> bool:
+        return self.candidate is not None and entry_id in self.candidate.held
+
+    def ready(self) -> bool:
+        c = self.candidate
+        return c is not None and not c.judging and c.tally.samples >= self.needed
+
+    def intake_verdict(self) -> tuple[list[str], dict[str, float]]:
+        """The bounds the intake can check (error rate, reward): failed ones, and the figures."""
+        c, base = self.candidate, self.baseline.total()
+        assert c is not None
+        m = {"samples": float(c.tally.samples), "error_rate": c.tally.error_rate,
+             "promoted_error_rate": base.error_rate if base.samples else 0.0,
+             "reward": c.tally.reward, "promoted_reward": base.reward}
+        reasons = []
+        if m["error_rate"] - m["promoted_error_rate"] > self.cfg.max_error_rate_increase:
+            reasons.append(f"error rate {m['error_rate']:.3f} vs promoted {m['promoted_error_rate']:.3f} "
+                           f"(+{m['error_rate'] - m['promoted_error_rate']:.3f} > {self.cfg.max_error_rate_increase})")
+        drop = m["promoted_reward"] - m["reward"]
+        if self.cfg.max_reward_drop is not None and math.isfinite(drop) and drop > self.cfg.max_reward_drop:
+            reasons.append(f"reward {m['reward']:.3f} vs promoted {m['promoted_reward']:.3f} "
+                           f"(-{drop:.3f} > {self.cfg.max_reward_drop})")
+        return reasons, {k: v for k, v in m.items() if math.isfinite(v)}
+
+    def take_for_judging(self, limit: int) -> tuple[list[Any], dict[str, Any]]:
+        """Up to ``limit`` held items for the batch that judges the candidate, and the batch's
+        ``meta_info[META_KEY]``; the rest stay held until the verdict."""
+        c = self.candidate
+        assert c is not None
+        c.judging = True
+        _, measurements = self.intake_verdict()
+        items = list(c.held.values())[:limit]
+        for it in items:
+            del c.held[it.id]
+        return items, {"version": c.version, "max_probs_diff_increase": self.cfg.max_probs_diff_increase,
+                       "promoted_probs_diff": self.last_probs_diff, "measurements": measurements}
+
+    def reject_at_intake(self, reasons: list[str], measurements: dict[str, float]) -> list[Any]:
+        """The candidate failed a bound the intake checks: reject it; returns its held items
+        (to be dropped)."""
+        c = self.candidate
+        assert c is not None
+        items = list(c.held.values())
+        c.held.clear()  # dropped by the caller, not released
+        self.decide({"version": c.version, "promoted": False, "reason": "; ".join(reasons),
+                     "measurements": measurements})
+        return items
+
+    def take_released(self) -> list[Any]:
+        out, self.released = self.released, []
+        return out
+
+    # ------------------------------------------------------------------ after the step
+    def decide(self, verdict: dict[str, Any]) -> None:
+        """Tell the publisher (``verdict`` from :func:`judge` or the intake); a rejection's
+        action follows ``on_reject`` (``self.failed`` / the publisher's pause)."""
+        version, m = int(verdict["version"]), verdict.get("measurements", {})
+        if "promoted_probs_diff" in m:
+            self.last_probs_diff = m["promoted_probs_diff"]
+        if verdict["promoted"]:
+            self.publisher.promote(version, m)
+        else:
+            self.publisher.reject(version, verdict["reason"], m, pause=self.cfg.on_reject == "pause")
+            logger.error("canary: v%d rejected: %s; measurements %s; weights.rollout.on_reject=%s", version,
+                         verdict["reason"], m, self.cfg.on_reject)
+            if self.cfg.on_reject == "fail":
+                self.failed = f"v{version} rejected at the canary: {verdict['reason']}"
+        if self.candidate is not None and self.candidate.version == version:
+            self.released.extend(self.candidate.held.values())
+            self.candidate = None
+
+    @property
+    def paused(self) -> str:
+        """Why the rollout is paused after a rejection ("" when it is not)."""
+        return self.rollout.paused
+
+    def state(self) -> dict[str, Any]:
+        """For the trainer's ``/status``."""
+        c = self.candidate
+        return {**self.rollout.as_dict(), "held_samples": c.tally.samples if c else 0, "failed": self.failed}
+
+
+def judge(batch: DataProto, spec: dict[str, Any], current_version: int,
+          max_staleness: int) -> tuple[dict[str, Any], torch.Tensor]:
+    """The verdict on the candidate whose rows ``batch`` carries (``spec``:
+    ``meta_info[META_KEY]``), from the trainer's recomputed ``old_log_probs`` against the
+    replicas' ``rollout_log_probs``; and the bool mask of the rows to remove before the
+    update: every candidate row when it is rejected, else those too stale to train (the
+    intake kept them for judging). Pure: every rank reaches the same verdict."""
+    b = batch.batch
+    version = int(spec["version"])
+    rows = b["policy_version"].long().reshape(-1) == version
+    mask = b["response_mask"].bool()
+    diff = (b["old_log_probs"].float().exp() - b["rollout_log_probs"].float().exp()).abs()
+    cand_tokens, promoted_tokens = mask & rows[:, None], mask & ~rows[:, None]
+    cand = float(diff[cand_tokens].mean()) if bool(cand_tokens.any()) else 0.0
+    if bool(promoted_tokens.any()):
+        promoted = float(diff[promoted_tokens].mean())
+    else:  # no promoted rows in this batch: the last batch's figure, else none (0)
+        promoted = float(spec.get("promoted_probs_diff") or 0.0)
+    bound = float(spec["max_probs_diff_increase"])
+    m = {**spec.get("measurements", {}), "probs_diff": cand, "promoted_probs_diff": promoted,
+         "judged_samples": float(rows.sum())}
+    reason = ""
+    if cand - promoted > bound:
+        reason = f"probs_diff {cand:.4f} vs promoted {promoted:.4f} (+{cand - promoted:.4f} > {bound})"
+    remove = rows if reason else rows & (current_version - version > max_staleness)
+    return {"version": version, "promoted": not reason, "reason": reason, "measurements": m}, remove
