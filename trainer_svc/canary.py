@@ -11,8 +11,9 @@ canaries' samples of it, in three places:
    failing one rejects the candidate at once, else the held groups go into the next batch,
    marked for evaluation (``meta_info["canary"]``).
 2. **Step** (every rank, :func:`judge`): after the old log-probs are recomputed, the mean
-   ``|p_rollout - p_trainer|`` of the candidate's sampled tokens is compared with that of the
-   promoted versions' rows of the same batch (the same weights judge both). The verdict is
+   log-prob gap ``|log p_trainer - log p_rollout|`` of the candidate's sampled tokens is
+   compared with that of the promoted versions' rows of the same batch (the same weights
+   judge both; without such rows, with the last step's gap). The verdict is
    computed from the broadcast batch alone, so every rank reaches the same one; a rejected
    candidate's rows leave the batch before the advantages and the update.
 3. **After the step** (rank 0, :meth:`CanaryGate.decide`): the publisher promotes or
@@ -36,6 +37,9 @@ from services.config.weights import RolloutGateConfig
 from services.protocol import DataProto
 
 logger = logging.getLogger("meshrl.trainer.canary")
+
+GAP_METRIC = "training/rollout_logprob_gap_mean"
+"""The step metric (``trainer_svc.worker.rollout_mismatch_metrics``) the gate's baseline reads."""
 
 META_KEY = "canary"
 """``meta_info`` key of a batch that carries a candidate's samples to judge."""
@@ -126,7 +130,7 @@ class CanaryGate:
         self.baseline = _Window(max(4 * self.needed, 64))
         self.candidate: Candidate | None = None
         self.released: list[Any] = []  # held items whose version was decided: screen them again
-        self.last_probs_diff: float | None = None  # the promoted rows' gap of the last evaluated batch
+        self.last_gap: float | None = None  # the promoted rows' log-prob gap of the last step
         self.failed = ""  # on_reject=fail: why (the trainer stops)
 
     # ------------------------------------------------------------------ intake
@@ -160,6 +164,13 @@ class CanaryGate:
         t = Tally()
         t.add(errors, scores)
         self.baseline.add(t)
+
+    def observe_step(self, metrics: dict[str, float]) -> None:
+        """A step without a candidate's rows (every row of promoted or older versions): its
+        log-prob gap is the baseline of a judging batch that has no promoted rows."""
+        gap = metrics.get(GAP_METRIC)
+        if gap is not None and math.isfinite(gap):
+            self.last_gap = gap
 
     def is_held(self, entry_id: str) -> bool:
         return self.candidate is not None and entry_id in self.candidate.held
@@ -195,8 +206,8 @@ class CanaryGate:
         items = list(c.held.values())[:limit]
         for it in items:
             del c.held[it.id]
-        return items, {"version": c.version, "max_probs_diff_increase": self.cfg.max_probs_diff_increase,
-                       "promoted_probs_diff": self.last_probs_diff, "measurements": measurements}
+        return items, {"version": c.version, "max_logprob_gap_increase": self.cfg.max_logprob_gap_increase,
+                       "promoted_logprob_gap": self.last_gap, "measurements": measurements}
 
     def reject_at_intake(self, reasons: list[str], measurements: dict[str, float]) -> list[Any]:
         """The candidate failed a bound the intake checks: reject it; returns its held items
@@ -218,8 +229,8 @@ class CanaryGate:
         """Tell the publisher (``verdict`` from :func:`judge` or the intake); a rejection's
         action follows ``on_reject`` (``self.failed`` / the publisher's pause)."""
         version, m = int(verdict["version"]), verdict.get("measurements", {})
-        if "promoted_probs_diff" in m:
-            self.last_probs_diff = m["promoted_probs_diff"]
+        if "promoted_logprob_gap" in m:
+            self.last_gap = m["promoted_logprob_gap"]
         if verdict["promoted"]:
             self.publisher.promote(version, m)
         else:
@@ -254,18 +265,18 @@ def judge(batch: DataProto, spec: dict[str, Any], current_version: int,
     version = int(spec["version"])
     rows = b["policy_version"].long().reshape(-1) == version
     mask = b["response_mask"].bool()
-    diff = (b["old_log_probs"].float().exp() - b["rollout_log_probs"].float().exp()).abs()
+    gap = (b["old_log_probs"].float() - b["rollout_log_probs"].float()).abs()
     cand_tokens, promoted_tokens = mask & rows[:, None], mask & ~rows[:, None]
-    cand = float(diff[cand_tokens].mean()) if bool(cand_tokens.any()) else 0.0
+    cand = float(gap[cand_tokens].mean()) if bool(cand_tokens.any()) else 0.0
     if bool(promoted_tokens.any()):
-        promoted = float(diff[promoted_tokens].mean())
-    else:  # no promoted rows in this batch: the last batch's figure, else none (0)
-        promoted = float(spec.get("promoted_probs_diff") or 0.0)
-    bound = float(spec["max_probs_diff_increase"])
-    m = {**spec.get("measurements", {}), "probs_diff": cand, "promoted_probs_diff": promoted,
+        promoted = float(gap[promoted_tokens].mean())
+    else:  # no promoted rows in this batch: the last step's gap, else none (0)
+        promoted = float(spec.get("promoted_logprob_gap") or 0.0)
+    bound = float(spec["max_logprob_gap_increase"])
+    m = {**spec.get("measurements", {}), "logprob_gap": cand, "promoted_logprob_gap": promoted,
          "judged_samples": float(rows.sum())}
     reason = ""
     if cand - promoted > bound:
-        reason = f"probs_diff {cand:.4f} vs promoted {promoted:.4f} (+{cand - promoted:.4f} > {bound})"
+        reason = f"logprob_gap {cand:.4f} vs promoted {promoted:.4f} (+{cand - promoted:.4f} > {bound})"
     remove = rows if reason else rows & (current_version - version > max_staleness)
     return {"version": version, "promoted": not reason, "reason": reason, "measurements": m}, remove

@@ -61,6 +61,10 @@ _GAUGES = {
     "training/rollout_probs_diff_max": (
         "meshrl_trainer_rollout_probs_diff_max", "max |p_rollout - p_trainer| of the sampled tokens, last batch"
     ),
+    "training/rollout_logprob_gap_mean": (
+        "meshrl_trainer_rollout_logprob_gap_mean",
+        "mean |log p_trainer - log p_rollout| of the sampled tokens, last batch (what the canary gate compares)",
+    ),
 }
 
 
@@ -192,6 +196,8 @@ class TrainerService:
             t1 = time.perf_counter()
             if result.canary is not None and self.ctx.rank == 0:
                 self._decide(pending, result)
+            elif self.gate is not None:
+                self.gate.observe_step(result.metrics)  # the baseline of a judging batch without promoted rows
             if result.applied and control.get("publish", True):
                 self._publish()
             t2 = time.perf_counter()

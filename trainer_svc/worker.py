@@ -39,13 +39,17 @@ logger = logging.getLogger(__name__)
 def rollout_mismatch_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
                              mask: torch.Tensor) -> dict[str, float]:
     """How far the trainer's probabilities of the sampled tokens are from the replica's
-    (verl's ``training/rollout_probs_diff_*``): with ``max_staleness=0`` these measure the
-    numerical gap between the two engines; otherwise they include the policy change."""
+    (verl's ``training/rollout_probs_diff_*``), and the mean ``|log p_trainer - log p_rollout|``
+    (``training/rollout_logprob_gap_mean``, the canary gate's measure): with ``max_staleness=0``
+    these measure the numerical gap between the two engines; otherwise they include the policy
+    change."""
     m = mask.bool()
     if not m.any():
         return {}
     diff = (old_log_probs.float().exp() - rollout_log_probs.float().exp()).abs()[m]
-    return {"training/rollout_probs_diff_mean": float(diff.mean()), "training/rollout_probs_diff_max": float(diff.max())}
+    gap = (old_log_probs.float() - rollout_log_probs.float()).abs()[m]  # what the canary gate judges
+    return {"training/rollout_probs_diff_mean": float(diff.mean()), "training/rollout_probs_diff_max": float(diff.max()),
+            "training/rollout_logprob_gap_mean": float(gap.mean())}
 
 
 @dataclass

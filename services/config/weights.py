@@ -43,16 +43,15 @@ class RolloutGateConfig(StrictModel):
         "null = half a batch's samples.",
     )
 
-    def samples_to_decide(self, batch_samples: int) -> int:
-        """``promote_after_samples``, or half of ``batch_samples`` (one batch's) when unset."""
-        return self.promote_after_samples or max(1, batch_samples // 2)
-    max_probs_diff_increase: float = Field(
-        0.05,
+    max_logprob_gap_increase: float = Field(
+        0.1,
         ge=0,
-        le=1,
-        description="Reject a candidate whose mean |p_rollout - p_trainer| over its sampled tokens exceeds that "
-        "of the promoted versions' samples of the same batch by more than this (the trainer's recomputed "
-        "probabilities against the replica's: a bad cast, a disagreeing kernel or wrong weights show here).",
+        le=100,
+        description="Reject a candidate whose mean |log p_trainer - log p_rollout| (nats) over its sampled tokens "
+        "exceeds that of the promoted versions' samples (of the same batch, else of the last step) by more than "
+        "this: the trainer's recomputed log-probs against the replica's, so a bad cast, a disagreeing kernel or "
+        "wrong weights show here. A log-prob gap, not a probability difference: it does not shrink with the "
+        "probabilities of a flat distribution.",
     )
     max_error_rate_increase: float = Field(
         0.05,
@@ -73,6 +72,10 @@ class RolloutGateConfig(StrictModel):
         "candidate), pause (the trainer stops until `meshrl canary RUN_DIR --resume`; the replicas keep "
         "serving the promoted version) or fail (the trainer exits and the job fails).",
     )
+
+    def samples_to_decide(self, batch_samples: int) -> int:
+        """``promote_after_samples``, or half of ``batch_samples`` (one batch's) when unset."""
+        return self.promote_after_samples or max(1, batch_samples // 2)
 
 
 class WeightChannelConfig(StrictModel):

@@ -54,7 +54,7 @@ def test_a_wrong_version_is_rejected_at_the_canary_and_the_job_resumes_on_a_good
         promoted = [v for v, k in kinds if k == "promoted"]
         assert promoted[0] == 0 and len(promoted) >= 2 and promoted[-1] < rejected, kinds
         w = st["weights"]
-        assert w["mode"] == "canary" and str(rejected) in w["rejected"] and "probs_diff" in w["rejected"][str(rejected)]
+        assert w["mode"] == "canary" and str(rejected) in w["rejected"] and "logprob_gap" in w["rejected"][str(rejected)]
         roles = {name: r["role"] for name, r in w["replicas"].items()}
         assert sorted(roles.values()) == ["canary", "promoted"], w
         canary = next(n for n, role in roles.items() if role == "canary")

@@ -89,7 +89,7 @@ def test_candidates_reach_the_canary_only_and_promotions_everyone(mesh):
     t.join(10)
     assert out["report"].route == "held_back" and rxs[canary].wait_for_update(timeout=0.5) is None
 
-    pub.promote(1, {"probs_diff": 0.01})
+    pub.promote(1, {"logprob_gap": 0.01})
     until(lambda: rxs[other].target == (1, False) and rxs["serve"].target == (1, False), "SERVE of v1")
     assert snapshot_w(rxs[other]) == (1, 1.0) and snapshot_w(rxs["serve"]) == (1, 1.0)
     rxs[canary].report_loaded(1)
@@ -99,7 +99,7 @@ def test_candidates_reach_the_canary_only_and_promotions_everyone(mesh):
     list(update.tensors())
     t.join(10)
     rxs[canary].report_loaded(3)
-    pub.reject(3, "probs_diff 0.4 vs promoted 0.02", {"probs_diff": 0.4})
+    pub.reject(3, "logprob_gap 0.4 vs promoted 0.02", {"logprob_gap": 0.4})
     until(lambda: rxs[canary].target == (1, True), "the canary told to roll back")
     assert snapshot_w(rxs[canary]) == (1, 1.0), "the canary rolls back from the promoted snapshot"
     rxs[canary].report_loaded(1)  # going back is allowed when the publisher says so
@@ -110,7 +110,7 @@ def test_candidates_reach_the_canary_only_and_promotions_everyone(mesh):
     assert (st.rollout_mode, st.promoted_version, st.candidate_version, st.paused) == ("canary", 1, -1, "")
     assert [(e.policy_version, e.kind) for e in st.events] == [(0, "promoted"), (1, "candidate"), (1, "promoted"),
                                                                (3, "candidate"), (3, "rejected")]
-    assert st.events[-1].measurements["probs_diff"] == pytest.approx(0.4)
+    assert st.events[-1].measurements["logprob_gap"] == pytest.approx(0.4)
     assert {r.replica_id: (r.canary, r.target_version) for r in st.replicas} == {
         canary: (True, 1), other: (False, 1), "serve": (False, 1)}
 

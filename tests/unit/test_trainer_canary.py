@@ -26,15 +26,17 @@ def batch(versions: list[int], p_rollout: list[float], p_trainer: list[float]):
     return g
 
 
-SPEC = {"version": 7, "max_probs_diff_increase": 0.05, "promoted_probs_diff": None, "measurements": {"samples": 2.0}}
+SPEC = {"version": 7, "max_logprob_gap_increase": 0.1, "promoted_logprob_gap": None, "measurements": {"samples": 2.0}}
 
 
 def test_a_candidate_close_to_the_promoted_rows_is_promoted_and_only_its_too_stale_rows_leave():
-    b = batch([7, 7, 6, 5], p_rollout=[0.50, 0.40, 0.30, 0.60], p_trainer=[0.48, 0.42, 0.27, 0.64])
+    b = batch([7, 7, 6, 5], p_rollout=[0.50, 0.40, 0.30, 0.60], p_trainer=[0.45, 0.42, 0.27, 0.66])
     verdict, removed = judge(b, SPEC, current_version=8, max_staleness=3)
     assert verdict["promoted"] and verdict["reason"] == ""
     m = verdict["measurements"]
-    assert m["probs_diff"] == pytest.approx(0.02) and m["promoted_probs_diff"] == pytest.approx(0.035)
+    gap = lambda a, c: abs(math.log(a) - math.log(c))  # noqa: E731
+    assert m["logprob_gap"] == pytest.approx((gap(0.5, 0.45) + gap(0.4, 0.42)) / 2)
+    assert m["promoted_logprob_gap"] == pytest.approx((gap(0.3, 0.27) + gap(0.6, 0.66)) / 2)
     assert m["samples"] == 2.0 and m["judged_samples"] == 2.0
     assert removed.tolist() == [False, False, False, False]
     _, removed = judge(b, SPEC, current_version=11, max_staleness=3)  # 11 - 7 > 3: judged, then left out
@@ -42,17 +44,25 @@ def test_a_candidate_close_to_the_promoted_rows_is_promoted_and_only_its_too_sta
 
 
 def test_a_candidate_far_from_the_trainer_is_rejected_and_all_its_rows_leave():
-    b = batch([7, 6, 7], p_rollout=[0.9, 0.5, 0.8], p_trainer=[0.1, 0.48, 0.2])
+    b = batch([7, 6, 7], p_rollout=[0.9, 0.5, 0.8], p_trainer=[0.1, 0.5, 0.2])
     verdict, removed = judge(b, SPEC, current_version=7, max_staleness=1)
-    assert not verdict["promoted"] and "probs_diff 0.7000 vs promoted 0.0200" in verdict["reason"]
+    assert not verdict["promoted"] and "logprob_gap 1.7918 vs promoted 0.0000" in verdict["reason"]
     assert removed.tolist() == [True, False, True]
 
 
-def test_without_promoted_rows_the_last_batch_figure_is_the_baseline():
-    b = batch([7, 7], p_rollout=[0.5, 0.5], p_trainer=[0.42, 0.42])
-    assert not judge(b, SPEC, 7, 1)[0]["promoted"]  # no baseline: 0.08 > 0 + 0.05
-    verdict, _ = judge(b, {**SPEC, "promoted_probs_diff": 0.05}, 7, 1)
-    assert verdict["promoted"] and verdict["measurements"]["promoted_probs_diff"] == 0.05
+def test_a_flat_distribution_wrong_by_a_sign_is_caught_by_the_log_gap():
+    """The tiny test model's distribution is almost flat (p ~ 1/512): weights whose logits
+    flip sign move each p by ~1e-3 -- no probability bound sees it -- but log p by ~0.4."""
+    b = batch([7, 6], p_rollout=[0.0015, 0.002], p_trainer=[0.0025, 0.002])
+    verdict, _ = judge(b, SPEC, current_version=7, max_staleness=1)
+    assert not verdict["promoted"] and verdict["measurements"]["logprob_gap"] == pytest.approx(math.log(0.0025 / 0.0015))
+
+
+def test_without_promoted_rows_the_last_step_figure_is_the_baseline():
+    b = batch([7, 7], p_rollout=[0.5, 0.5], p_trainer=[0.4, 0.4])
+    assert not judge(b, SPEC, 7, 1)[0]["promoted"]  # no baseline: 0.22 > 0 + 0.1
+    verdict, _ = judge(b, {**SPEC, "promoted_logprob_gap": 0.15}, 7, 1)
+    assert verdict["promoted"] and verdict["measurements"]["promoted_logprob_gap"] == 0.15
 
 
 class Item:
@@ -96,9 +106,11 @@ def test_a_judged_candidate_releases_what_arrived_meanwhile_and_on_reject_fail_s
     assert [it.id for it in items] == ["a", "b"] and spec["version"] == 3 and not gate.ready()
     assert spec["measurements"]["samples"] == 48.0 and math.isnan(gate.intake_verdict()[1].get("promoted_reward",
                                                                                                   math.nan))
-    gate.decide({"version": 3, "promoted": False, "reason": "probs_diff", "measurements": {"promoted_probs_diff": 0.02}})
+    gate.observe_step({"training/rollout_logprob_gap_mean": 0.03})
+    assert gate.last_gap == 0.03
+    gate.decide({"version": 3, "promoted": False, "reason": "logprob_gap", "measurements": {"promoted_logprob_gap": 0.02}})
     assert [it.id for it in gate.take_released()] == ["c"] and gate.take_released() == []
-    assert gate.failed.startswith("v3 rejected") and gate.last_probs_diff == 0.02
+    assert gate.failed.startswith("v3 rejected") and gate.last_gap == 0.02
 
 
 def spec(**over):

@@ -36,12 +36,12 @@ def test_one_candidate_at_a_time_the_rest_held_back_until_the_verdict():
     assert s.target("r0") == (1, True) and s.target("r1") == (0, False)
     assert not s.wants_next()
     assert [publish(s, v) for v in (2, 3)] == ["held_back", "held_back"] and s.held_back == 2
-    s.promote(1, {"probs_diff": 0.01})
+    s.promote(1, {"logprob_gap": 0.01})
     assert s.target("r0") == (1, True) and s.target("r1") == (1, False) and s.target("serve-x") == (1, False)
     assert publish(s, 4) == "canaries"
-    s.reject(4, "probs_diff too high")
+    s.reject(4, "logprob_gap too high")
     assert s.target("r0") == (1, True), "the canary goes back to the promoted version"
-    assert s.rejected == {4: "probs_diff too high"} and s.wants_next()
+    assert s.rejected == {4: "logprob_gap too high"} and s.wants_next()
     assert publish(s, 5) == "canaries"
     kinds = [(e.version, e.kind) for e in s.events]
     assert kinds == [(0, "promoted"), (1, "candidate"), (1, "promoted"), (4, "candidate"), (4, "rejected"),
