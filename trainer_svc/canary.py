@@ -114,6 +114,7 @@ class Candidate:
     version: int
     tally: Tally = field(default_factory=Tally)
     held: dict[str, Any] = field(default_factory=dict)  # entry id -> the newest lease of the item
+    parked: set[str] = field(default_factory=set)  # of held: promoted versions' items kept for the judging batch
     judging: bool = False  # its groups went into a batch; the step decides
 
 
@@ -121,8 +122,12 @@ class CanaryGate:
     """Rank 0's side of the gate (module docstring): ``publisher`` is the trainer's
     :class:`~services.weights.publisher.WeightPublisher`."""
 
-    def __init__(self, cfg: RolloutGateConfig, publisher: Any, batch_samples: int) -> None:
+    def __init__(self, cfg: RolloutGateConfig, publisher: Any, batch_samples: int, max_staleness: int = 1,
+                 park_limit: int = 0) -> None:
         self.cfg = cfg
+        self.max_staleness = max_staleness
+        self.park_limit = park_limit
+        """Promoted versions' groups kept at most for a judging batch (see :meth:`park`)."""
         self.publisher = publisher
         self.rollout = publisher.rollout
         self.needed = cfg.samples_to_decide(batch_samples)
@@ -158,6 +163,21 @@ class CanaryGate:
         if errors is not None and scores is not None and item.id not in c.held:
             c.tally.add(errors, scores)
         c.held[item.id] = item
+
+    def park(self, item: Any, current_version: int) -> bool:
+        """Keep ``item`` (samples of promoted or older versions) for the batch that judges the
+        candidate, when another step before the verdict would make the promoted replicas'
+        samples too stale to train: the trainer is ``max_staleness`` versions past the
+        promoted version. Then the trainer waits for the canary instead of racing ahead and
+        dropping what every other replica makes. At most ``park_limit`` groups (half the
+        feeder's admission window), so the canary always gets prompts: past it the trainer
+        steps on (True: parked)."""
+        c = self.candidate
+        if c is None or current_version - self.rollout.promoted < self.max_staleness or len(c.parked) >= self.park_limit:
+            return False
+        c.held[item.id] = item
+        c.parked.add(item.id)
+        return True
 
     def observe_promoted(self, errors: torch.Tensor, scores: torch.Tensor) -> None:
         """Samples of promoted (or older) versions, as the intake sees them: the baseline."""
@@ -206,16 +226,18 @@ class CanaryGate:
         items = list(c.held.values())[:limit]
         for it in items:
             del c.held[it.id]
+            c.parked.discard(it.id)
         return items, {"version": c.version, "max_logprob_gap_increase": self.cfg.max_logprob_gap_increase,
                        "promoted_logprob_gap": self.last_gap, "measurements": measurements}
 
     def reject_at_intake(self, reasons: list[str], measurements: dict[str, float]) -> list[Any]:
         """The candidate failed a bound the intake checks: reject it; returns its held items
-        (to be dropped)."""
+        (to be dropped; parked items of promoted versions are released instead)."""
         c = self.candidate
         assert c is not None
-        items = list(c.held.values())
-        c.held.clear()  # dropped by the caller, not released
+        items = [it for i, it in c.held.items() if i not in c.parked]
+        self.released.extend(it for i, it in c.held.items() if i in c.parked)
+        c.held.clear()  # dropped by the caller, or released
         self.decide({"version": c.version, "promoted": False, "reason": "; ".join(reasons),
                      "measurements": measurements})
         return items

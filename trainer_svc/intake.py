@@ -321,7 +321,7 @@ class QueueIntake:
                     await self.queue.ack(item)
                     continue
                 judged = judging["version"] if judging is not None else None  # (its rows are kept however stale)
-                if judged is None and self.gate is not None and self._hold(item, data):
+                if judged is None and self.gate is not None and self._hold(item, data, current_version):
                     continue
                 try:
                     keep, lag, n_stale, n_err, n_failed, n_rej = self._screen(data, current_version, judged)
@@ -364,9 +364,10 @@ class QueueIntake:
             **counts,
         )
 
-    def _hold(self, item: Any, data: DataProto) -> bool:
+    def _hold(self, item: Any, data: DataProto, current_version: int) -> bool:
         """Canary mode: hold ``item`` when it has samples of the candidate under test (True);
-        else note its samples of promoted versions in the gate's baseline."""
+        else note its samples of promoted versions in the gate's baseline, and park it for the
+        judging batch when the trainer is to wait for the verdict (``CanaryGate.park``)."""
         gate = self.gate
         candidate = gate.candidate_version()
         if gate.is_held(item.id):  # our own held lease, idle past lease_idle_s, handed back
@@ -384,7 +385,7 @@ class QueueIntake:
             return True
         ok = ~gate.rejected(versions)
         gate.observe_promoted(errors[ok], scores[ok])
-        return False
+        return candidate is not None and not bool((~ok).any()) and gate.park(item, current_version)
 
     async def _judge_candidate(self, room: int) -> tuple[list[Any], dict[str, Any] | None]:
         """Enough samples of the candidate were seen: reject it at once when its error rate

@@ -63,7 +63,9 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
             if spec.weights.canary and spec.queues is not None:
                 from trainer_svc.canary import CanaryGate
 
-                gate = CanaryGate(spec.weights.rollout, publisher, spec.data.train_batch_size * spec.rollout.n)
+                gate = CanaryGate(spec.weights.rollout, publisher, spec.data.train_batch_size * spec.rollout.n,
+                                  max_staleness=spec.async_.max_staleness,
+                                  park_limit=(spec.async_.max_staleness + 1) * spec.data.train_batch_size // 2)
         source = _make_source(spec, worker.model.config.vocab_size, consumer, gate)
     def announce() -> None:
         addresses = {"metrics": f"{server.host}:{server.port}"}

@@ -398,7 +398,9 @@ class TrainerService:
         m = result.metrics
         logger.info(
             "step %d version %d %s loss=%.5f grad_norm=%.4f samples=%d compute=%.2fs",
-            self.step_no, result.version, "applied" if result.applied else "SKIPPED (non-finite)",
+            self.step_no, result.version, "applied" if result.applied else
+            "trained nothing (every row was a rejected candidate's)" if result.canary is not None and result.samples == 0
+            else "SKIPPED (non-finite)",
             m.get("actor/loss", float("nan")), m.get("actor/grad_norm", float("nan")), result.samples,
             seconds["compute"],
         )

@@ -131,3 +131,39 @@ async def test_a_candidate_with_too_many_rollout_errors_is_rejected_at_the_intak
     assert (intake.counters.dropped_rejected, intake.counters.samples_trained) == (4, 4)
     await producer.close()
     await consumer.close()
+
+
+async def test_a_trainer_max_staleness_past_the_promoted_version_waits_for_the_verdict(broker):
+    """Another step before the verdict would make every promoted replica's sample stale: the
+    promoted items are kept for the judging batch (and trained there) instead, up to the
+    park limit; past it the trainer takes them as usual (it never waits for ever)."""
+    cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
+    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
+    consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
+    await consumer.depth()
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 4}))
+    pub.rollout.routed(0, "promote")
+    pub.rollout.routed(1, "canaries")
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=8, max_staleness=2, park_limit=2)
+    intake = QueueIntake(consumer, train_batch_size=4, max_staleness=2, poll_s=0.2, gate=gate)
+    await producer.put([_group("p0", 0), _group("p1", 0), _group("p2", 0), _group("c0", 1), _group("c1", 1)])
+    pending = await intake.next_batch(2, timeout=10)  # v2 - v0 = max_staleness: wait for v1's verdict
+    spec = pending.data.meta_info[META_KEY]
+    # p0, p1 parked (the limit: 2), p2 past it taken as usual; c0 and c1 held, then judged with
+    # the parked groups (the batch's room: 3 groups; c1 waits for the verdict)
+    assert spec["version"] == 1
+    assert list(pending.data.non_tensor_batch["uid"]) == ["p2", "p2", "p0", "p0", "p1", "p1", "c0", "c0"]
+    b = pending.data.batch
+    b["old_log_probs"] = b["rollout_log_probs"] - 0.001
+    verdict, removed = judge(pending.data, spec, current_version=2, max_staleness=2)
+    assert verdict["promoted"] and verdict["measurements"]["promoted_logprob_gap"] == pytest.approx(0.001, abs=1e-5)
+    gate.decide(verdict)
+    await intake.commit(pending)
+    assert pending.staleness == [2] * 6 + [1] * 2
+    await producer.put([_group(f"q{i}", 1) for i in range(3)])
+    pending = await intake.next_batch(3, timeout=10)  # c1, released by the verdict, trains now
+    assert list(pending.data.non_tensor_batch["uid"]) == ["c1", "c1", "q0", "q0", "q1", "q1", "q2", "q2"]
+    await intake.commit(pending)
+    assert await consumer.depth() == 0 and intake.counters.dropped_stale == 0 and intake.counters.samples_trained == 16
+    await producer.close()
+    await consumer.close()
