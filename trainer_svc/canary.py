@@ -223,7 +223,9 @@ class CanaryGate:
         assert c is not None
         c.judging = True
         _, measurements = self.intake_verdict()
-        items = list(c.held.values())[:limit]
+        # the candidate's own groups first (they are what the batch judges), then parked ones
+        ordered = sorted(c.held.values(), key=lambda it: it.id in c.parked)
+        items = ordered[:limit]
         for it in items:
             del c.held[it.id]
             c.parked.discard(it.id)
@@ -298,7 +300,9 @@ def judge(batch: DataProto, spec: dict[str, Any], current_version: int,
     m = {**spec.get("measurements", {}), "logprob_gap": cand, "promoted_logprob_gap": promoted,
          "judged_samples": float(rows.sum())}
     reason = ""
-    if cand - promoted > bound:
+    if not bool(cand_tokens.any()):  # nothing of the candidate to judge: never promote it unseen
+        reason = "no sampled token of the candidate reached the judging batch"
+    elif cand - promoted > bound:
         reason = f"logprob_gap {cand:.4f} vs promoted {promoted:.4f} (+{cand - promoted:.4f} > {bound})"
     remove = rows if reason else rows & (current_version - version > max_staleness)
     return {"version": version, "promoted": not reason, "reason": reason, "measurements": m}, remove

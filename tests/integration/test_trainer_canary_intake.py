@@ -150,20 +150,22 @@ async def test_a_trainer_max_staleness_past_the_promoted_version_waits_for_the_v
     pending = await intake.next_batch(2, timeout=10)  # v2 - v0 = max_staleness: wait for v1's verdict
     spec = pending.data.meta_info[META_KEY]
     # p0, p1 parked (the limit: 2), p2 past it taken as usual; c0 and c1 held, then judged with
-    # the parked groups (the batch's room: 3 groups; c1 waits for the verdict)
+    # a parked group (the batch's room: 3 groups, the candidate's first; p1 waits for the verdict)
     assert spec["version"] == 1
-    assert list(pending.data.non_tensor_batch["uid"]) == ["p2", "p2", "p0", "p0", "p1", "p1", "c0", "c0"]
+    assert list(pending.data.non_tensor_batch["uid"]) == ["p2", "p2", "c0", "c0", "c1", "c1", "p0", "p0"]
     b = pending.data.batch
     b["old_log_probs"] = b["rollout_log_probs"] - 0.001
     verdict, removed = judge(pending.data, spec, current_version=2, max_staleness=2)
     assert verdict["promoted"] and verdict["measurements"]["promoted_logprob_gap"] == pytest.approx(0.001, abs=1e-5)
     gate.decide(verdict)
     await intake.commit(pending)
-    assert pending.staleness == [2] * 6 + [1] * 2
-    await producer.put([_group(f"q{i}", 1) for i in range(3)])
-    pending = await intake.next_batch(3, timeout=10)  # c1, released by the verdict, trains now
-    assert list(pending.data.non_tensor_batch["uid"]) == ["c1", "c1", "q0", "q0", "q1", "q1", "q2", "q2"]
+    assert pending.staleness == [2, 2, 1, 1, 1, 1, 2, 2]
+    await producer.put([_group(f"q{i}", 1) for i in range(4)])
+    # p1, released by the verdict, is screened again: v0 is now 3 versions behind (the cost of
+    # the judging batch's room), dropped as stale
+    pending = await intake.next_batch(3, timeout=10)
+    assert list(pending.data.non_tensor_batch["uid"]) == ["q0", "q0", "q1", "q1", "q2", "q2", "q3", "q3"]
     await intake.commit(pending)
-    assert await consumer.depth() == 0 and intake.counters.dropped_stale == 0 and intake.counters.samples_trained == 16
+    assert await consumer.depth() == 0 and intake.counters.dropped_stale == 2 and intake.counters.samples_trained == 16
     await producer.close()
     await consumer.close()

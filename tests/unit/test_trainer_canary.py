@@ -130,3 +130,25 @@ def test_a_canary_job_is_checked_against_the_other_blocks():
     ):
         with pytest.raises(Exception, match=needle.replace("(", r"\(").replace(")", r"\)")):
             spec(**over)
+
+
+def test_a_batch_without_the_candidates_rows_never_promotes_it():
+    b = batch([6, 6], p_rollout=[0.5, 0.5], p_trainer=[0.5, 0.5])
+    verdict, removed = judge(b, SPEC, current_version=7, max_staleness=3)
+    assert not verdict["promoted"] and "no sampled token of the candidate" in verdict["reason"]
+    assert not bool(removed.any())
+
+
+def test_the_judging_batch_takes_the_candidates_groups_before_parked_ones():
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary"}))
+    pub.rollout.routed(0, "promote")
+    pub.rollout.routed(1, "canaries")
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=8, max_staleness=1, park_limit=2)
+    gate.candidate_version()
+    assert gate.park(Item("p0", None), current_version=1) and gate.park(Item("p1", None), current_version=1)
+    assert not gate.park(Item("p2", None), current_version=1), "past the park limit"
+    gate.hold(Item("c0", None), torch.tensor([False] * 4), torch.ones(4))
+    items, _ = gate.take_for_judging(limit=2)
+    assert [it.id for it in items] == ["c0", "p0"]
+    gate.decide({"version": 1, "promoted": True, "reason": "", "measurements": {}})
+    assert [it.id for it in gate.take_released()] == ["p1"]
