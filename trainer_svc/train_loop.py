@@ -249,28 +249,35 @@ class TrainerService:
 
             if self.gate is not None and self.gate.paused:
                 self._wait_resumed(heartbeat)
-
-            try:
-                pending = self._loop.run_until_complete(
-                    self.source.next_batch(
-                        self.worker.version,
-                        timeout=spec.trainer.batch_wait_timeout_s,
-                        should_stop=lambda: self.stop_requested,
-                        heartbeat=heartbeat,
-                    )
-                )
-            except TimeoutError as exc:
-                logger.error("%s", exc)
-                pending, control = None, {"cmd": "stop", "checkpoint": True, "code": 4}
+                # resumed: offer the current weights (made after the rejected candidate) as the next
+                # candidate first -- the promoted replicas' samples may all be too stale to step on
+                resumed_offer = self._offer_due() and not self.stop_requested
             else:
-                control = {"cmd": "train"} if pending is not None else {"cmd": "stop", "checkpoint": True}
-                if pending is not None and pending.data is None:  # the gate decided at the intake
-                    pending, control = None, {"cmd": "publish" if self._offer_due() else "wait"}
-                if pending is not None and getattr(self.source, "needs_checkpoint", lambda: False)():
-                    control["save"] = True
-                if pending is not None and self.gate is not None:
-                    # the step's version goes to nobody while a candidate is under test: skip gathering it
-                    control["publish"] = self.gate.rollout.wants_next() or canary.META_KEY in pending.data.meta_info
+                resumed_offer = False
+            if resumed_offer:
+                pending, control = None, {"cmd": "publish"}
+            else:
+                try:
+                    pending = self._loop.run_until_complete(
+                        self.source.next_batch(
+                            self.worker.version,
+                            timeout=spec.trainer.batch_wait_timeout_s,
+                            should_stop=lambda: self.stop_requested,
+                            heartbeat=heartbeat,
+                        )
+                    )
+                except TimeoutError as exc:
+                    logger.error("%s", exc)
+                    pending, control = None, {"cmd": "stop", "checkpoint": True, "code": 4}
+                else:
+                    control = {"cmd": "train"} if pending is not None else {"cmd": "stop", "checkpoint": True}
+                    if pending is not None and pending.data is None:  # the gate decided at the intake
+                        pending, control = None, {"cmd": "publish" if self._offer_due() else "wait"}
+                    if pending is not None and getattr(self.source, "needs_checkpoint", lambda: False)():
+                        control["save"] = True
+                    if pending is not None and self.gate is not None:
+                        # the step's version goes to nobody while a candidate is under test: skip gathering it
+                        control["publish"] = self.gate.rollout.wants_next() or canary.META_KEY in pending.data.meta_info
             wait = time.perf_counter() - t0
             self._t_wait += wait
             if self.metrics is not None:

@@ -65,7 +65,7 @@ def test_a_wrong_version_is_rejected_at_the_canary_and_the_job_resumes_on_a_good
         assert rejected in loaded_versions((job.run_dir / "logs" / f"{canary}.log").read_text())
         # paused: no step is trained
         step = job.status()["step"]
-        time.sleep(10)
+        time.sleep(5)  # (the paused trainer heartbeats every 0.5 s; a step would show in status.json within 1 s)
         assert job.status()["step"] == step and job.status()["state"] == "running"
         shown = json.loads(meshrl_canary(job.run_dir, "--json").stdout)
         assert shown["paused"].startswith(f"v{rejected} rejected") and shown["promoted"] == promoted[-1]
