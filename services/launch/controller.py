@@ -325,24 +325,33 @@ class JobController:
     async def _weights_view(self, trainer: dict[str, float]) -> dict[str, Any]:
         """``status.json`` ``weights``: per replica the version it serves and its role
         (canary / promoted / all), the promoted and candidate versions and, in canary mode,
-        the gate's timeline (from the trainer's ``/status``)."""
+        the gate's timeline (from the trainer's ``/status``). What cannot be read now (a
+        replica or the trainer down, restarting or -- at the end -- gone) keeps its last
+        known value, so the final status.json still shows where the job ended."""
+        prev = self.board.weights or {}
         roles = {-1.0: "all", 0.0: "promoted", 1.0: "canary"}
         replicas = {n: {"served_version": s.get("meshrl_rollout_served_version"),
                         "role": roles.get(s.get("meshrl_rollout_canary", -1.0), "all")}
                     for n, s in self._scrapes.items() if n.startswith("rollout") and s}
-        out: dict[str, Any] = {"mode": self.spec.weights.rollout.mode, "replicas": replicas,
-                               "promoted": trainer.get("meshrl_weights_promoted_version")}
+        out: dict[str, Any] = {"mode": self.spec.weights.rollout.mode,
+                               "replicas": {**prev.get("replicas", {}), **replicas}}
+        if not trainer:  # the trainer's metrics are unreadable now: its figures as last seen
+            return {**prev, **out}
+        out["promoted"] = trainer.get("meshrl_weights_promoted_version")
         if not self.spec.weights.canary:
             return out
         candidate = trainer.get("meshrl_weights_candidate_version", -1.0)
         out.update(candidate=None if candidate < 0 else candidate, paused=self._canary_paused())
+        gate: dict[str, Any] = {}
         if "trainer" in {p.name for p in self.mesh.live()}:
             status, body = await asyncio.to_thread(http_get, self.mesh.proc("trainer").url("metrics") + "/status", 2.0)
             try:
                 gate = (json.loads(body) or {}).get("canary") or {} if status == 200 else {}
             except ValueError:
                 gate = {}
-            out.update({k: gate[k] for k in ("rejected", "events", "held_samples") if k in gate})
+        for k in ("rejected", "events", "held_samples"):
+            if k in gate or k in prev:
+                out[k] = gate[k] if k in gate else prev[k]
         return out
 
     def _canary_paused(self) -> str:
