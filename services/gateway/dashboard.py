@@ -5,7 +5,9 @@ URL, or typed into the box; kept in the tab's ``sessionStorage``), then polls ``
 and, per job, ``/metrics?since=<last ts>``, ``/events`` and (when its logs are open)
 ``/logs?service=..&tail=200`` every ``?interval=`` milliseconds (default 2000).
 
-Per job: its state, step and detail, its sample ledger and service restarts (when the job reports them); pause / resume / cancel buttons for the states that
+Per job: its state, step and detail, its sample ledger and service restarts (when the job reports them); its weight
+plane (when reported): per replica the version it serves and its role (canary / promoted), the
+promoted and candidate versions and the canary gate's last decisions; pause / resume / cancel buttons for the states that
 allow them; nine charts (reward mean, staleness, queue depths with a colour key per stream,
 tokens/s, loss, KL, entropy, gradient norm, validation score), each with y ticks in its
 unit, time ticks on x, the last value rounded to three significant digits, and the values
@@ -16,7 +18,9 @@ never "no jobs yet"); so is a missing one.
 
 For tests and scripts the page exposes its state in the DOM: ``<body data-polls=N
 data-auth=ok|refused|missing>``; each job card ``<section class="job" data-job-id=...
-data-state=...>``; each chart ``<svg data-metric=... data-points=N>`` with ``polyline
+data-state=...>``; the weight plane ``div.weights[data-mode=all|canary]`` with a
+``span.replica[data-replica=... data-role=... data-version=...]`` per replica and
+``li[data-kind=promoted|rejected|paused|resumed][data-version=...]`` per decision; each chart ``<svg data-metric=... data-points=N>`` with ``polyline
 data-line=<series>``; the hover box ``.tip``; the log box ``pre.log[data-service=...]``.
 """
 
@@ -35,6 +39,9 @@ DASHBOARD_HTML = r"""<!doctype html>
   .state.failed { background: #f8d0d0; } .state.succeeded { background: #d0e4f8; }
   .actions button { font-size: .8rem; margin-right: .3rem; }
   .ledger { font-size: .8rem; color: #555; margin-bottom: .3rem; font-variant-numeric: tabular-nums; }
+  .weights { font-size: .8rem; color: #333; margin-bottom: .4rem; font-variant-numeric: tabular-nums; }
+  .weights .replica { margin-right: .8rem; } .weights .replica[data-role="canary"] { color: #8a5a00; }
+  .weights ul { margin: .2rem 0 0; padding-left: 1.1rem; color: #444; } .weights li[data-kind="rejected"] { color: #b00; }
   .detail { font-size: .85rem; color: #444; margin-bottom: .4rem; white-space: pre-wrap; max-height: 6em; overflow: auto; }
   .charts { display: flex; flex-wrap: wrap; gap: .8rem; }
   figure { margin: 0; position: relative; }
@@ -261,6 +268,9 @@ DASHBOARD_HTML = r"""<!doctype html>
       sec.appendChild(h);
       sec.appendChild(el("div", { class: "detail" }));
       sec.appendChild(el("div", { class: "ledger" }));
+      const weights = el("div", { class: "weights" });
+      weights.hidden = true;
+      sec.appendChild(weights);
       const charts = el("div", { class: "charts" });
       for (const [key, label, unit] of METRICS) {
         const fig = el("figure", { "data-metric": key });
@@ -302,9 +312,32 @@ DASHBOARD_HTML = r"""<!doctype html>
     sec.querySelector(".ledger").textContent =
       (ledger.length ? "samples: " + ledger.map(([k, v]) => k.replace(/_/g, " ") + " " + fmt(v)).join(" · ") : "") +
       (restarts.length ? (ledger.length ? "   " : "") + "restarts: " + restarts.map(([k, v]) => k + " " + v).join(", ") : "");
+    weightsView(sec.querySelector(".weights"), p.weights);
     sec.querySelector(".detail").textContent =
       (p.step !== undefined && p.step !== null ? "step " + p.step + (p.total_steps ? " / " + p.total_steps : "") + "  " : "") + (job.detail || "");
     return sec;
+  }
+
+  // The weight plane: which version each replica serves and its role; the canary gate's decisions.
+  function weightsView(box, w) {
+    box.hidden = !w;
+    if (!w) return;
+    box.dataset.mode = w.mode;
+    const head = el("div", {}, "weights (" + w.mode + ")" + (w.promoted !== undefined && w.promoted !== null ? ": promoted v" + w.promoted : "") +
+      (w.candidate !== undefined && w.candidate !== null ? ", candidate v" + w.candidate : "") + (w.paused ? "; PAUSED: " + w.paused : "") + "  ");
+    for (const [name, r] of Object.entries(w.replicas || {}).sort()) {
+      const v = r.served_version === undefined || r.served_version === null ? "" : String(r.served_version);
+      head.appendChild(el("span", { class: "replica", "data-replica": name, "data-role": r.role, "data-version": v },
+        name + " " + (v ? "v" + v : "–") + (r.role === "all" ? "" : " " + r.role)));
+    }
+    const decisions = (w.events || []).filter(e => ["promoted", "rejected", "paused", "resumed"].includes(e.kind)).slice(-5);
+    const list = el("ul", {});
+    for (const e of decisions) {
+      const m = Object.entries(e.measurements || {}).filter(([k]) => k.includes("logprob_gap") || k.includes("error_rate"));
+      list.appendChild(el("li", { "data-kind": e.kind, "data-version": String(e.version) }, hms(e.ts) + "  v" + e.version + " " + e.kind +
+        (e.reason ? ": " + e.reason : "") + (m.length ? " (" + m.map(([k, v]) => k + " " + fmt(v)).join(", ") + ")" : "")));
+    }
+    box.replaceChildren(head, ...(decisions.length ? [list] : []));
   }
 
   async function loadLog(jobId, sec) {

@@ -46,7 +46,25 @@ def progress_msg(progress: dict[str, Any]) -> job_pb2.JobProgressInfo:
             for name, n in counts.items():
                 if isinstance(n, int) and not isinstance(n, bool):
                     getattr(msg, key)[str(name)] = n
+    if isinstance(progress.get("weights"), dict):
+        weights_msg(progress["weights"], msg.weights)
     return msg
+
+
+def weights_msg(w: dict[str, Any], msg: job_pb2.JobWeights) -> None:
+    """progress ``weights`` (as ``clean_weights`` keeps it) -> JobWeights ``msg``."""
+    msg.mode = w.get("mode", "")
+    for key in ("promoted", "candidate"):
+        if w.get(key) is not None:
+            setattr(msg, key, w[key])
+    msg.paused = w.get("paused") or ""
+    for name, r in (w.get("replicas") or {}).items():
+        msg.replicas[name].role = r["role"]
+        if r.get("served_version") is not None:
+            msg.replicas[name].served_version = r["served_version"]
+    for e in w.get("events") or []:
+        msg.events.add(ts=e["ts"], version=e["version"], kind=e["kind"], reason=e["reason"],
+                       measurements=e["measurements"])
 
 
 def job_msg(job: dict[str, Any]) -> job_pb2.JobInfo:

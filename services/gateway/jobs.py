@@ -315,9 +315,12 @@ class JobManager:
             older = _step(status.progress) < _step(current.progress)
             if status.progress and status.progress != current.progress and not older:
                 changes["progress"] = status.progress
-                self.store.add_point(row.id, status.progress)
+                # a point is the curves' data; the weight plane's state is the progress's alone
+                self.store.add_point(row.id, {k: v for k, v in status.progress.items() if k != "weights"})
                 for service, n in _restarts(status.progress, current.progress):
                     self.store.add_event(row.id, "restarted", f"{service} (restart {n})")
+                for kind, detail in _weight_events(status.progress, current.progress):
+                    self.store.add_event(row.id, kind, detail)
             if changes:
                 self.store.update(row.id, **changes)
                 if changes.get("state") in _FINISHED:
@@ -342,4 +345,27 @@ def _restarts(new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, int]]
         prev = before.get(service, 0)
         if isinstance(n, int) and not isinstance(n, bool) and isinstance(prev, int) and n > prev:
             out.append((str(service)[:128], n))
+    return out
+
+
+#: The canary gate's decisions that become job events (kind in progress ``weights.events`` -> event kind).
+WEIGHT_EVENT_KINDS = {"promoted": "version_promoted", "rejected": "version_rejected", "paused": "rollout_paused",
+                      "resumed": "rollout_resumed"}
+
+
+def _weight_events(new: dict[str, Any], old: dict[str, Any]) -> list[tuple[str, str]]:
+    """The canary gate's decisions (progress ``weights.events``) newer than any ``old`` had,
+    as job events: ``(kind, "v<N>: reason; measurements")``."""
+    def events(p: dict[str, Any]) -> list[dict[str, Any]]:
+        w = p.get("weights")
+        return w.get("events", []) if isinstance(w, dict) else []
+
+    seen = max((e["ts"] for e in events(old)), default=float("-inf"))
+    out = []
+    for e in events(new):
+        if e["ts"] <= seen or e["kind"] not in WEIGHT_EVENT_KINDS:
+            continue
+        m = ", ".join(f"{k}={v:.4g}" for k, v in e["measurements"].items())
+        detail = f"v{e['version']}" + (f": {e['reason']}" if e["reason"] else "") + (f" ({m})" if m else "")
+        out.append((WEIGHT_EVENT_KINDS[e["kind"]], detail[:2000]))
     return out

@@ -23,6 +23,42 @@ class JobSubmit(BaseModel):
     )
 
 
+class ReplicaWeights(BaseModel):
+    """One rollout replica on the weight plane."""
+
+    served_version: int | None = Field(None, description="policy version the replica serves now")
+    role: Literal["all", "canary", "promoted"] = Field(
+        description="canary: loads candidate versions first; promoted: serves the promoted version only; "
+        "all: weights.rollout.mode=all (every replica gets every version)"
+    )
+
+
+class WeightsEvent(BaseModel):
+    """One step of the canary gate's timeline."""
+
+    ts: float = Field(description="unix seconds")
+    version: int = Field(description="the policy version it is about")
+    kind: Literal["promoted", "rejected", "candidate", "held_back", "paused", "resumed"]
+    reason: str = Field("", description="why (for a rejection: the bounds that failed)")
+    measurements: dict[str, float] = Field(
+        default_factory=dict, description="what the decision measured (logprob_gap, error_rate, samples, ...)"
+    )
+
+
+class JobWeights(BaseModel):
+    """The job's weight plane (``weights.rollout``, docs/weights.md): which version each
+    replica serves, and with the canary gate the promoted / candidate versions and decisions."""
+
+    mode: Literal["all", "canary"] = Field(description="weights.rollout.mode")
+    promoted: int | None = Field(None, description="the version every non-canary replica is to serve")
+    candidate: int | None = Field(None, description="canary mode: the version under test at the canaries")
+    paused: str | None = Field(None, description="canary mode: why the rollout is paused after a rejection")
+    replicas: dict[str, ReplicaWeights] = Field(default_factory=dict, description="replica -> version and role")
+    events: list[WeightsEvent] = Field(
+        default_factory=list, description="canary mode: the newest promotions, rejections, ..., oldest first"
+    )
+
+
 class JobProgress(BaseModel):
     """What the job driver last reported (``status.json``); every field may be missing."""
 
@@ -49,6 +85,7 @@ class JobProgress(BaseModel):
         "-> samples, over the newest `queues.ledger_max_entries` samples"
     )
     stalled: bool | None = Field(None, description="the job made no progress past services.restart.stall_warn_s")
+    weights: JobWeights | None = Field(None, description="the weight plane: per replica its version and role")
 
 
 class Job(BaseModel):
@@ -92,7 +129,8 @@ class ErrorBody(BaseModel):
 class JobEvent(BaseModel):
     ts: float = Field(description="unix seconds")
     kind: str = Field(
-        description="submitted | queued | started | paused | resumed | cancelled | restarted | finished"
+        description="submitted | queued | started | paused | resumed | cancelled | restarted | finished; "
+        "with the canary gate also version_promoted | version_rejected | rollout_paused | rollout_resumed"
     )
     detail: str = Field(description="what happened: the restarted service, the final state and why, ...")
 

@@ -36,7 +36,7 @@ def _significant(text: str) -> int:
 
 
 def test_dashboard_shows_the_job_its_charts_events_logs_and_controls(tmp_path):
-    launcher = fake_launcher(FAKE_STEPS=10_000, FAKE_INTERVAL=0.1, FAKE_SERVICE_LOGS=1)
+    launcher = fake_launcher(FAKE_STEPS=10_000, FAKE_INTERVAL=0.1, FAKE_SERVICE_LOGS=1, FAKE_WEIGHTS=1)
     shots = _shots(tmp_path)
     with running_gateway(tmp_path, launcher, grpc=False) as gw, HeadlessChromium(tmp_path) as browser:
         with httpx.Client(base_url=gw.http_url, timeout=10) as c:
@@ -125,9 +125,19 @@ def test_dashboard_shows_the_job_its_charts_events_logs_and_controls(tmp_path):
         ledger = page.eval(q(".ledger") + ".textContent")
         assert ledger.startswith("samples: fed ") and " · trained " in ledger and "dropped stale" in ledger, ledger
 
-        # Events: the job's life so far.
+        # The weight plane: each replica's version and role, the canary gate's decisions.
+        assert page.eval(q(".weights") + ".dataset.mode") == "canary"
+        replicas = page.eval(f"Object.fromEntries([...{card}.querySelectorAll('.weights .replica')]"
+                             ".map(s => [s.dataset.replica, [s.dataset.role, s.dataset.version]]))")  # fmt: skip
+        assert replicas == {"rollout-0": ["canary", "1"], "rollout-1": ["promoted", "1"]}, replicas
+        decisions = page.eval(f"[...{card}.querySelectorAll('.weights li')].map(li => li.dataset.kind + ' v' + li.dataset.version)")
+        assert decisions == ["promoted v0", "promoted v1", "rejected v2"], decisions
+        rejected = page.eval(q('.weights li[data-kind="rejected"]') + ".textContent")
+        assert "v2 rejected: logprob_gap 0.3700" in rejected and "logprob_gap 0.37" in rejected, rejected
+
+        # Events: the job's life so far (with the gate's decisions).
         kinds = page.eval(f"[...{card}.querySelectorAll('.events li')].map(li => li.dataset.kind)")
-        assert kinds[:2] == ["submitted", "started"], kinds
+        assert kinds == ["submitted", "started", "version_promoted", "version_promoted", "version_rejected"], kinds
 
         # Logs: the driver's by default, then a service picked from the job's logs.
         page.click(f'section.job[data-job-id="{job_id}"] details.logs summary')

@@ -90,6 +90,59 @@ def clean_progress(info: dict[str, Any]) -> dict[str, Any]:
                     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62}  # fmt: skip
             if kept:
                 out[key] = kept
+    weights = clean_weights(info.get("weights"))
+    if weights:
+        out["weights"] = weights
+    return out
+
+
+#: Timeline entries of the weight plane kept in a job's progress (the newest).
+WEIGHT_EVENTS_KEPT = 20
+_ROLES = ("all", "canary", "promoted")
+_WEIGHT_EVENT_KINDS = ("promoted", "rejected", "candidate", "held_back", "paused", "resumed")
+
+
+def _version(v: Any) -> int | None:
+    """A policy version from status.json (an int, or a scraped float such as 3.0); None otherwise."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v):
+        return None
+    return int(v) if 0 <= v < 2**62 else None
+
+
+def clean_weights(w: Any) -> dict[str, Any]:
+    """status.json ``weights`` (the weight plane: per replica the version it serves and its
+    role, the promoted / candidate versions, the canary gate's timeline), typed and bounded."""
+    if not isinstance(w, dict) or w.get("mode") not in ("all", "canary"):
+        return {}
+    out: dict[str, Any] = {"mode": w["mode"]}
+    for key in ("promoted", "candidate"):
+        if _version(w.get(key)) is not None:
+            out[key] = _version(w.get(key))
+    if isinstance(w.get("paused"), str) and w["paused"]:
+        out["paused"] = w["paused"][:500]
+    replicas = w.get("replicas")
+    if isinstance(replicas, dict):
+        out["replicas"] = {
+            str(name)[:128]: {"role": r["role"], **({"served_version": _version(r.get("served_version"))}
+                                                     if _version(r.get("served_version")) is not None else {})}
+            for name, r in list(replicas.items())[:64] if isinstance(r, dict) and r.get("role") in _ROLES
+        }  # fmt: skip
+    events = w.get("events")
+    if isinstance(events, list):
+        kept = []
+        for e in events[-WEIGHT_EVENTS_KEPT:]:
+            if not isinstance(e, dict) or e.get("kind") not in _WEIGHT_EVENT_KINDS or _version(e.get("version")) is None:
+                continue
+            ts = e.get("ts")
+            m = e.get("measurements") if isinstance(e.get("measurements"), dict) else {}
+            kept.append({
+                "ts": float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts) else 0.0,
+                "version": _version(e.get("version")), "kind": e["kind"],
+                "reason": e.get("reason")[:1000] if isinstance(e.get("reason"), str) else "",
+                "measurements": {str(k)[:64]: float(v) for k, v in list(m.items())[:16]
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)},
+            })  # fmt: skip
+        out["events"] = kept
     return out
 
 
