@@ -35,6 +35,8 @@ class PublisherMetrics:
                             registry=registry)
         self.candidate.set(-1)
         self.promoted.set(-1)
+        for verdict in ("promoted", "rejected"):  # exported at 0 from the start (the alert's rate needs a series)
+            self.decisions.labels(verdict=verdict)
 
     def published(self, r: PublishReport, rollout: RolloutState) -> None:
         self.version.set(r.version)
