@@ -212,9 +212,13 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
     session = None
     refused: set[tuple[int, int]] = set()  # versions found bad: never fetched again
     expected = _Expected()
+    # Canary mode: every load asks the worker's state first -- whether this replica is a canary
+    # (its in-flight requests are then aborted and regenerated, so no sample made with a
+    # candidate's weights carries an older version) is only as fresh as the last state read.
+    fast_path = not getattr(getattr(cfg, "rollout", None), "mode", "all") == "canary"
     while not stop.is_set():
         hint, notes.update = notes.update, None
-        if (hint is not None and hint[0] == session and not needs_catch_up and not engine.weights_dirty
+        if (fast_path and hint is not None and hint[0] == session and not needs_catch_up and not engine.weights_dirty
                 and replica.supersedes(hint[1], hint[0])):
             # The worker's note named a newer version of this publisher: load it right away,
             # without first asking the worker's state (one RPC less on every update; the
