@@ -278,6 +278,31 @@ class CanaryGate:
         return {**self.rollout.as_dict(), "held_samples": c.tally.samples if c else 0, "failed": self.failed}
 
 
+def next_offer(rollout: Any, version: int, offered: int, offered_again: int, max_staleness: int) -> str | None:
+    """What the trainer, at ``version``, offers the publisher's gate (``rollout``: its
+    :class:`~services.weights.promotion.RolloutState`) when it could offer a candidate:
+
+    * ``"new"``: its current weights were never offered (weights made while a candidate
+      was under test are not gathered), so they are the next candidate;
+    * ``"again"``: its current weights *were* the candidate just rejected, and the promoted
+      version is more than ``max_staleness`` behind them, so no sample the promoted replicas
+      make is fresh enough to step on (the trainer would lease and drop for ever). The same
+      weights go out again under the next version number; the rejected number stays
+      rejected. What the gate catches is a fault in delivering or serving the weights, so a
+      second delivery can pass;
+    * ``"fail"``: that second offer (``offered_again``) was rejected too: the trainer's own
+      weights fail the gate and nothing can be trained;
+    * None: nothing to offer (the gate takes no candidate now, or the trainer can step).
+    """
+    if not rollout.wants_next():
+        return None
+    if version > offered:
+        return "new"
+    if version in rollout.rejected and version - rollout.promoted > max_staleness:
+        return "fail" if version == offered_again else "again"
+    return None
+
+
 def judge(batch: DataProto, spec: dict[str, Any], current_version: int,
           max_staleness: int) -> tuple[dict[str, Any], torch.Tensor]:
     """The verdict on the candidate whose rows ``batch`` carries (``spec``:

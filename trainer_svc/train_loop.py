@@ -132,6 +132,7 @@ class TrainerService:
         self.last_result: StepResult | None = None
         self._consecutive_nonfinite = 0
         self._offered = -1  # the newest version given to the publisher
+        self._offered_again = -1  # the version under which rejected weights were offered again (see _offer)
         self._loop = asyncio.new_event_loop() if ctx.rank == 0 else None
         self._t_start = time.monotonic()
         self._t_wait = 0.0
@@ -184,6 +185,8 @@ class TrainerService:
             control, batch, pending = self._next_command()
             if control["cmd"] in ("publish", "wait"):  # canary mode: no step (rank 0 alone sees "wait")
                 if control["cmd"] == "publish":
+                    if control.get("again"):  # the same weights, offered again under the next version number
+                        self.worker.version += 1
                     self._publish()
                 continue
             if control["cmd"] == "stop":
@@ -234,8 +237,8 @@ class TrainerService:
         elif self.gate is not None and self.gate.failed:
             logger.error("%s; stopping (weights.rollout.on_reject=fail)", self.gate.failed)
             control = {"cmd": "stop", "checkpoint": True, "code": REJECT_EXIT_CODE}
-        elif self._offer_due():
-            control = {"cmd": "publish"}
+        elif (offer := self._offer()) is not None:
+            control = offer
         else:
             t0 = time.perf_counter()
             last_beat = [time.monotonic()]
@@ -251,11 +254,11 @@ class TrainerService:
                 self._wait_resumed(heartbeat)
                 # resumed: offer the current weights (made after the rejected candidate) as the next
                 # candidate first -- the promoted replicas' samples may all be too stale to step on
-                resumed_offer = self._offer_due() and not self.stop_requested
+                resumed_offer = None if self.stop_requested else self._offer()
             else:
-                resumed_offer = False
-            if resumed_offer:
-                pending, control = None, {"cmd": "publish"}
+                resumed_offer = None
+            if resumed_offer is not None:
+                pending, control = None, resumed_offer
             else:
                 try:
                     pending = self._loop.run_until_complete(
@@ -272,7 +275,7 @@ class TrainerService:
                 else:
                     control = {"cmd": "train"} if pending is not None else {"cmd": "stop", "checkpoint": True}
                     if pending is not None and pending.data is None:  # the gate decided at the intake
-                        pending, control = None, {"cmd": "publish" if self._offer_due() else "wait"}
+                        pending, control = None, self._offer() or {"cmd": "wait"}
                     if pending is not None and getattr(self.source, "needs_checkpoint", lambda: False)():
                         control["save"] = True
                     if pending is not None and self.gate is not None:
@@ -287,10 +290,27 @@ class TrainerService:
         broadcast_message(control, batch, group=self.ctx.cpu_group)
         return control, batch, pending
 
-    def _offer_due(self) -> bool:
-        """Rank 0, canary mode: the gate takes a candidate and the trainer's current weights
-        were never offered (versions made while a candidate was under test are not gathered)."""
-        return self.gate is not None and self.gate.rollout.wants_next() and self.worker.version > self._offered
+    def _offer(self) -> dict[str, Any] | None:
+        """Rank 0, canary mode: the command that offers the trainer's current weights as the
+        next candidate (:func:`canary.next_offer`), or None when there is nothing to offer."""
+        if self.gate is None:
+            return None
+        version, rollout = self.worker.version, self.gate.rollout
+        what = canary.next_offer(rollout, version, self._offered, self._offered_again, self.spec.async_.max_staleness)
+        if what == "new":
+            return {"cmd": "publish"}
+        if what == "again":
+            logger.warning("canary: v%d was rejected and v%d, %d versions behind, is promoted: no sample can be "
+                           "trained; offering the same weights again as v%d", version, rollout.promoted,
+                           version - rollout.promoted, version + 1)
+            self._offered_again = version + 1
+            return {"cmd": "publish", "again": True}
+        if what == "fail":
+            self.gate.failed = (f"v{version}, the weights of the rejected v{version - 1} offered again, was rejected "
+                                f"too, and every promoted sample is too stale to train (promoted v{rollout.promoted}, "
+                                f"async.max_staleness {self.spec.async_.max_staleness})")
+            return {"cmd": "stop", "checkpoint": True, "code": REJECT_EXIT_CODE}
+        return None
 
     def _wait_resumed(self, heartbeat: Callable[[], None]) -> None:
         """Rank 0, canary mode: the rollout is paused after a rejection; train nothing until

@@ -152,3 +152,26 @@ def test_the_judging_batch_takes_the_candidates_groups_before_parked_ones():
     assert [it.id for it in items] == ["c0", "p0"]
     gate.decide({"version": 1, "promoted": True, "reason": "", "measurements": {}})
     assert [it.id for it in gate.take_released()] == ["p1"]
+
+
+def test_rejected_weights_the_promoted_replicas_are_too_stale_for_are_offered_again_once():
+    from services.weights.promotion import RolloutState
+    from trainer_svc.canary import next_offer
+
+    r = RolloutState(RolloutGateConfig(mode="canary"))
+    r.routed(1, "promote")
+    r.routed(5, "canaries")  # the trainer stepped 4 versions past v1 before offering v5
+    assert next_offer(r, 5, offered=5, offered_again=-1, max_staleness=3) is None  # under test: held back
+    r.reject(5, "logprob_gap")
+    # v1's samples are 4 versions behind v5: none can be trained, so v5's weights go out again as v6
+    assert next_offer(r, 5, offered=5, offered_again=-1, max_staleness=3) == "again"
+    # within max_staleness the trainer steps on the promoted replicas' samples instead
+    assert next_offer(r, 5, offered=5, offered_again=-1, max_staleness=4) is None
+    r.routed(6, "canaries")
+    r.reject(6, "logprob_gap")
+    assert next_offer(r, 6, offered=6, offered_again=6, max_staleness=3) == "fail"  # the same weights, twice
+    # weights made since the last offer are always offered, and nothing while paused
+    assert next_offer(r, 7, offered=6, offered_again=6, max_staleness=3) == "new"
+    r.routed(7, "canaries")
+    r.reject(7, "error rate", pause=True)
+    assert next_offer(r, 8, offered=7, offered_again=6, max_staleness=3) is None
