@@ -45,8 +45,16 @@ CALL_TOKENS = ("<tool_call>", '{"name":"calc","arguments":{"expr":"', '"}}', "</
 LO, HI = 32, 99  # two-digit operands whose product has four digits: every transcript has one layout
 
 
-def calc_rows(n: int, *, seed: int, split: str = "train", lo: int = LO, hi: int = HI) -> list[dict]:
-    """``n`` prompts ``a*b=`` with operands in ``lo..hi``, in verl's row schema."""
+#: the system message of ``--data-only``: a pretrained chat model learns the call from words alone
+TOOL_SYSTEM = ("You have a calculator tool named calc. To use it, reply with only "
+               + call_text("<expression>").replace(",", ", ").replace(":", ": ")
+               + " and its result comes back in the next message. Then answer with just the number.")
+
+
+def calc_rows(n: int, *, seed: int, split: str = "train", lo: int = LO, hi: int = HI,
+              system: str | None = None) -> list[dict]:
+    """``n`` prompts ``a*b=`` with operands in ``lo..hi``, in verl's row schema (after a
+    ``system`` message when one is given)."""
     import random
 
     from services.data.synthetic import ARITH_SOURCE
@@ -55,7 +63,9 @@ def calc_rows(n: int, *, seed: int, split: str = "train", lo: int = LO, hi: int 
     rows = []
     for i in range(n):
         a, b = rng.randint(lo, hi), rng.randint(lo, hi)
-        rows.append({"data_source": ARITH_SOURCE, "prompt": [{"role": "user", "content": f"{a}*{b}="}],
+        head = [{"role": "system", "content": system}] if system else []
+        question = f"What is {a}*{b}?" if system else f"{a}*{b}="
+        rows.append({"data_source": ARITH_SOURCE, "prompt": [*head, {"role": "user", "content": question}],
                      "ability": "arithmetic", "reward_model": {"style": "rule", "ground_truth": str(a * b)},
                      "extra_info": {"split": split, "index": i, "a": a, "b": b, "op": "*"}})
     return rows
@@ -94,7 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (one is as fast for this model, and much faster on a busy machine)")
+    ap.add_argument("--data-only", action="store_true",
+                    help="write only the prompts, each after a system message that describes the tool "
+                         "(for a pretrained chat model: examples/smollm2_tools.yaml)")
     args = ap.parse_args(argv)
+    if args.data_only:
+        from services.data.parquet import write_rows
+
+        data = Path(args.out).resolve() / "data"
+        write_rows(calc_rows(400, seed=args.seed, system=TOOL_SYSTEM), data / "train.parquet")
+        write_rows(calc_rows(64, seed=args.seed + 1, split="test", system=TOOL_SYSTEM), data / "test.parquet")
+        print(f"wrote 400 training and 64 held-out prompts to {data}")
+        return 0
     if not 0.0 < args.target <= 1.0:
         ap.error(f"--target must be in (0, 1], got {args.target}")
 

@@ -70,3 +70,22 @@ def test_warm_start_stops_when_told(calc_model: Path, tmp_path: Path) -> None:
     assert (tmp_path / "warm" / "model.safetensors").exists()
     full = warm_start(calc_model, [], tmp_path / "warm2", steps=4, batch_size=2, examples=examples, log_every=0)
     assert full.steps == 4  # without stop_when every step runs
+
+
+def test_data_only_prompts_describe_a_call_the_hermes_parser_reads(tmp_path: Path) -> None:
+    import re
+
+    from services.cli.calc_example import TOOL_SYSTEM, main
+    from services.data.files import read_rows
+
+    assert main(["--data-only", "--out", str(tmp_path)]) == 0
+    rows = read_rows(tmp_path / "data" / "train.parquet")
+    assert len(rows) == 400 and len(read_rows(tmp_path / "data" / "test.parquet")) == 64
+    system, user = rows[0]["prompt"]
+    assert system == {"role": "system", "content": TOOL_SYSTEM}
+    a, b = rows[0]["extra_info"]["a"], rows[0]["extra_info"]["b"]
+    assert user["content"] == f"What is {a}*{b}?" and rows[0]["reward_model"]["ground_truth"] == str(a * b)
+    # the call the message shows, with the question's expression in it, is a call the replica runs
+    shown = re.search(r"<tool_call>.*</tool_call>", TOOL_SYSTEM).group(0).replace("<expression>", f"{a}*{b}")
+    parsed = HermesParser().parse(shown)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("calc", {"expr": f"{a}*{b}"})] and not parsed.errors
