@@ -278,12 +278,16 @@ class CanaryGate:
         return {**self.rollout.as_dict(), "held_samples": c.tally.samples if c else 0, "failed": self.failed}
 
 
-def next_offer(rollout: Any, version: int, offered: int, offered_again: int, max_staleness: int) -> str | None:
+def next_offer(rollout: Any, version: int, published: int, offered_again: int, max_staleness: int) -> str | None:
     """What the trainer, at ``version``, offers the publisher's gate (``rollout``: its
-    :class:`~services.weights.promotion.RolloutState`) when it could offer a candidate:
+    :class:`~services.weights.promotion.RolloutState`; ``published``: the newest version
+    number the publisher took, held back or not) when it could offer a candidate:
 
-    * ``"new"``: its current weights were never offered (weights made while a candidate
+    * ``"new"``: its current weights never reached the gate (weights made while a candidate
       was under test are not gathered), so they are the next candidate;
+    * ``"renumber"``: the same, but their version number was taken by a publish that was
+      held back (the step that judged a candidate publishes its own version, and a pause
+      after the verdict holds it back): the weights go out under the next number;
     * ``"again"``: its current weights *were* the candidate just rejected, and the promoted
       version is more than ``max_staleness`` behind them, so no sample the promoted replicas
       make is fresh enough to step on (the trainer would lease and drop for ever). The same
@@ -296,8 +300,9 @@ def next_offer(rollout: Any, version: int, offered: int, offered_again: int, max
     """
     if not rollout.wants_next():
         return None
-    if version > offered:
-        return "new"
+    seen = max([rollout.promoted, -1 if rollout.candidate is None else rollout.candidate, *rollout.rejected])
+    if version > seen:
+        return "new" if version > published else "renumber"
     if version in rollout.rejected and version - rollout.promoted > max_staleness:
         return "fail" if version == offered_again else "again"
     return None

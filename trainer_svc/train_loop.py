@@ -131,7 +131,6 @@ class TrainerService:
         self.on_ready = on_ready  # called once, when ready (rank 0 announces readiness)
         self.last_result: StepResult | None = None
         self._consecutive_nonfinite = 0
-        self._offered = -1  # the newest version given to the publisher
         self._offered_again = -1  # the version under which rejected weights were offered again (see _offer)
         self._loop = asyncio.new_event_loop() if ctx.rank == 0 else None
         self._t_start = time.monotonic()
@@ -296,9 +295,14 @@ class TrainerService:
         if self.gate is None:
             return None
         version, rollout = self.worker.version, self.gate.rollout
-        what = canary.next_offer(rollout, version, self._offered, self._offered_again, self.spec.async_.max_staleness)
+        what = canary.next_offer(rollout, version, self.gate.publisher.latest_version, self._offered_again,
+                                 self.spec.async_.max_staleness)
         if what == "new":
             return {"cmd": "publish"}
+        if what == "renumber":
+            logger.info("canary: v%d was held back (its number is taken); offering its weights as v%d",
+                        version, version + 1)
+            return {"cmd": "publish", "again": True}
         if what == "again":
             logger.warning("canary: v%d was rejected and v%d, %d versions behind, is promoted: no sample can be "
                            "trained; offering the same weights again as v%d", version, rollout.promoted,
@@ -334,7 +338,6 @@ class TrainerService:
         """Gather full parameters (all ranks); rank 0 streams them to the publisher."""
         if self.spec.weights is None:
             return
-        self._offered = self.worker.version
         it = self.worker.full_params()
         if self.ctx.rank != 0:
             for _ in it:

@@ -86,15 +86,17 @@ def test_a_wrong_version_is_rejected_at_the_canary_and_the_job_resumes_on_a_good
     kinds = events(st)
     after = [v for v, k in kinds[kinds.index((rejected, "rejected")):] if k == "promoted"]
     assert after and after[-1] > rejected, kinds  # it resumed and promoted a good version
-    w = st["weights"]
-    # the other replica serves promoted versions only (the last promotion may come just
-    # before the job ends, ahead of the final scrape of what each replica serves)
-    assert w["replicas"][other]["served_version"] in {v for v, k in kinds if k == "promoted"}, w
-    assert w["replicas"][canary]["served_version"] in (w["promoted"], w.get("candidate")), w
+    trainer_log = (job.run_dir / "logs" / "trainer.log").read_text()
+    # the other replica served promoted versions only, every one of them. The publisher's log is
+    # the record: status.json's scrapes of the trainer and of the replicas are taken at different
+    # moments, so near the end a replica can show a version promoted after the last scrape of
+    # the trainer's state.
+    promoted_logged = {0} | {int(v) for v in re.findall(r"weights v(\d+) promoted", trainer_log)}
+    other_served = loaded_versions((job.run_dir / "logs" / f"{other}.log").read_text())
+    assert other_served and other_served <= promoted_logged, (other_served, promoted_logged)
     for name in (canary, other):
         served = loaded_versions((job.run_dir / "logs" / f"{name}.log").read_text())
         assert (rejected in served) == (name == canary), (name, served)
     ledger = assert_ledger_exact(job.run_dir)
-    trainer_log = (job.run_dir / "logs" / "trainer.log").read_text()
     assert f"canary: v{rejected} rejected" in trainer_log and "training paused until resumed" in trainer_log
     assert ledger["dropped_stale"] > 0  # the rejected version's samples, dropped for their version

@@ -161,17 +161,35 @@ def test_rejected_weights_the_promoted_replicas_are_too_stale_for_are_offered_ag
     r = RolloutState(RolloutGateConfig(mode="canary"))
     r.routed(1, "promote")
     r.routed(5, "canaries")  # the trainer stepped 4 versions past v1 before offering v5
-    assert next_offer(r, 5, offered=5, offered_again=-1, max_staleness=3) is None  # under test: held back
+    assert next_offer(r, 5, published=5, offered_again=-1, max_staleness=3) is None  # under test: held back
     r.reject(5, "logprob_gap")
     # v1's samples are 4 versions behind v5: none can be trained, so v5's weights go out again as v6
-    assert next_offer(r, 5, offered=5, offered_again=-1, max_staleness=3) == "again"
+    assert next_offer(r, 5, published=5, offered_again=-1, max_staleness=3) == "again"
     # within max_staleness the trainer steps on the promoted replicas' samples instead
-    assert next_offer(r, 5, offered=5, offered_again=-1, max_staleness=4) is None
+    assert next_offer(r, 5, published=5, offered_again=-1, max_staleness=4) is None
     r.routed(6, "canaries")
     r.reject(6, "logprob_gap")
-    assert next_offer(r, 6, offered=6, offered_again=6, max_staleness=3) == "fail"  # the same weights, twice
+    assert next_offer(r, 6, published=6, offered_again=6, max_staleness=3) == "fail"  # the same weights, twice
     # weights made since the last offer are always offered, and nothing while paused
-    assert next_offer(r, 7, offered=6, offered_again=6, max_staleness=3) == "new"
+    assert next_offer(r, 7, published=6, offered_again=6, max_staleness=3) == "new"
     r.routed(7, "canaries")
     r.reject(7, "error rate", pause=True)
-    assert next_offer(r, 8, offered=7, offered_again=6, max_staleness=3) is None
+    assert next_offer(r, 8, published=7, offered_again=6, max_staleness=3) is None
+
+
+def test_weights_held_back_by_a_pause_are_offered_under_the_next_number_after_the_resume():
+    """Seen in a job: v4 rejected with pause while the judging step published v5 (held back);
+    after the resume v5's number was taken and v1 was 4 versions behind: nothing to train."""
+    from services.weights.promotion import RolloutState
+    from trainer_svc.canary import next_offer
+
+    r = RolloutState(RolloutGateConfig(mode="canary"))
+    r.routed(1, "promote")
+    r.routed(4, "canaries")
+    r.reject(4, "logprob_gap", pause=True)
+    r.routed(5, r.route(False))  # the judging step's own version, published after the verdict
+    assert r.held_back == 1
+    assert next_offer(r, 5, published=5, offered_again=-1, max_staleness=3) is None  # paused
+    r.resume("an operator")
+    assert next_offer(r, 5, published=5, offered_again=-1, max_staleness=3) == "renumber"
+    assert next_offer(r, 6, published=5, offered_again=-1, max_staleness=3) == "new"
