@@ -22,11 +22,17 @@ def _group(uid: str, version: int, n: int = 2):
     return g
 
 
-async def test_a_rejected_candidates_samples_are_held_judged_and_dropped_never_trained(broker):
+async def _experience(broker):
+    """A producer and the trainer's consumer of the experience stream on ``broker``."""
     cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
     producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
     consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
     await consumer.depth()
+    return producer, consumer
+
+
+async def test_a_rejected_candidates_samples_are_held_judged_and_dropped_never_trained(broker):
+    producer, consumer = await _experience(broker)
     pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 4}))
     pub.rollout.routed(0, "promote")
     pub.rollout.routed(1, "canaries")  # v1 is the candidate at the canary
@@ -72,10 +78,7 @@ async def test_a_rejected_candidates_samples_are_held_judged_and_dropped_never_t
 
 
 async def test_a_promoted_candidates_samples_are_trained_and_the_next_version_is_the_next_candidate(broker):
-    cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
-    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
-    await consumer.depth()
+    producer, consumer = await _experience(broker)
     pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 2}))
     pub.rollout.routed(0, "promote")
     pub.rollout.routed(3, "canaries")
@@ -105,10 +108,7 @@ async def test_a_promoted_candidates_samples_are_trained_and_the_next_version_is
 async def test_a_candidate_with_too_many_rollout_errors_is_rejected_at_the_intake(broker):
     import numpy as np
 
-    cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
-    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
-    await consumer.depth()
+    producer, consumer = await _experience(broker)
     pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={
         "mode": "canary", "promote_after_samples": 4, "max_error_rate_increase": 0.25}))
     pub.rollout.routed(0, "promote")
@@ -137,10 +137,7 @@ async def test_a_trainer_max_staleness_past_the_promoted_version_waits_for_the_v
     """Another step before the verdict would make every promoted replica's sample stale: the
     promoted items are kept for the judging batch (and trained there) instead, up to the
     park limit; past it the trainer takes them as usual (it never waits for ever)."""
-    cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
-    producer = make_queue(cfg, stream="experience", group="trainer", consumer="producer")
-    consumer = make_queue(cfg, stream="experience", group="trainer", consumer="trainer-0")
-    await consumer.depth()
+    producer, consumer = await _experience(broker)
     pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 4}))
     pub.rollout.routed(0, "promote")
     pub.rollout.routed(1, "canaries")
