@@ -83,15 +83,15 @@ def test_a_wrong_version_is_rejected_at_the_canary_and_the_job_resumes_on_a_good
         job.stop()
     st = job.status()
     assert st["state"] == "succeeded", st
-    kinds = events(st)
-    after = [v for v, k in kinds[kinds.index((rejected, "rejected")):] if k == "promoted"]
-    assert after and after[-1] > rejected, kinds  # it resumed and promoted a good version
     trainer_log = (job.run_dir / "logs" / "trainer.log").read_text()
-    # the other replica served promoted versions only, every one of them. The publisher's log is
-    # the record: status.json's scrapes of the trainer and of the replicas are taken at different
-    # moments, so near the end a replica can show a version promoted after the last scrape of
-    # the trainer's state.
+    # it resumed and promoted a good version. The publisher's log is the record: status.json's
+    # scrapes of the trainer and of the replicas are taken at different moments, and the last
+    # promotion can come less than a scrape before the job ends (seen: v6 promoted at step 7
+    # of 8, 0.1 s before the end, while the final status.json still showed it as the candidate)
+    assert (rejected, "rejected") in events(st), events(st)
     promoted_logged = {0} | {int(v) for v in re.findall(r"weights v(\d+) promoted", trainer_log)}
+    assert max(promoted_logged) > rejected, promoted_logged
+    # the other replica served promoted versions only, every one of them
     other_served = loaded_versions((job.run_dir / "logs" / f"{other}.log").read_text())
     assert other_served and other_served <= promoted_logged, (other_served, promoted_logged)
     for name in (canary, other):
