@@ -135,17 +135,9 @@ class TrainerWorker:
         batch.meta_info.setdefault("temperature", spec.rollout.temperature or 1.0)  # 0 = greedy: logits as they are
         plan = ShardPlan.build(batch, ctx.world_size)
         local = plan.local(batch, ctx.rank)
-        old_lp, entropy = self.actor.compute_log_prob(local, calculate_entropy=True)
-        batch.batch["old_log_probs"] = plan.gather(old_lp, ctx.cpu_group)
-        metrics: dict[str, float] = {}
-        if entropy is not None:
-            full_ent = plan.gather(entropy, ctx.cpu_group)
-            if "response_mask" not in batch.batch.keys():
-                batch.batch["response_mask"] = core_algos.compute_response_mask(batch)
-            metrics["actor/old_entropy"] = float(core_algos.masked_mean(full_ent, batch.batch["response_mask"]))
-        if "rollout_log_probs" in batch.batch.keys() and "response_mask" in batch.batch.keys():
-            metrics.update(rollout_mismatch_metrics(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
-                                                    batch.batch["response_mask"]))
+        if "response_mask" not in batch.batch.keys():
+            batch.batch["response_mask"] = core_algos.compute_response_mask(batch)
+        metrics = self._old_log_probs(batch, plan, local)
         verdict = removed = None
         if batch.meta_info.get(canary.META_KEY):
             verdict, removed = canary.judge(batch, batch.meta_info[canary.META_KEY], self.version,
@@ -190,6 +182,49 @@ class TrainerWorker:
             canary=verdict,
             removed=removed,
         )
+
+    def _fresh_rows(self, batch: DataProto) -> torch.Tensor | None:
+        """``actor.recompute_old_log_prob: stale``: bool per row whose old log-probs are the
+        replica's (the trainer's current weights generated it); None when every row is recomputed."""
+        b = batch.batch
+        if (self.spec.actor.recompute_old_log_prob != "stale" or "rollout_log_probs" not in b.keys()
+                or "policy_version" not in b.keys() or batch.meta_info.get(canary.META_KEY)):
+            return None
+        fresh = b["policy_version"].long().reshape(-1) == self.version
+        return fresh if bool(fresh.any()) else None
+
+    def _old_log_probs(self, batch: DataProto, plan: ShardPlan, local: DataProto) -> dict[str, float]:
+        """Put ``old_log_probs`` into ``batch`` (recomputed by the trainer, or for fresh rows the
+        replica's, see :meth:`_fresh_rows`); returns the old-entropy and trainer-vs-replica
+        metrics over the recomputed rows. Collective: every rank holds the same batch, so all
+        take the same path."""
+        ctx, b = self.ctx, batch.batch
+        fresh = self._fresh_rows(batch)
+        metrics: dict[str, float] = {}
+        if fresh is None:
+            rows, sub, sub_plan, sub_local = None, batch, plan, local
+        else:
+            metrics["actor/old_log_prob_reused"] = float(fresh.float().mean())
+            b["old_log_probs"] = b["rollout_log_probs"].to(torch.float32).clone()
+            rows = torch.nonzero(~fresh).reshape(-1)
+            if not len(rows):
+                return metrics  # every row on-policy: no forward pass at all
+            sub = batch.select_idxs(rows)
+            sub_plan = ShardPlan.build(sub, ctx.world_size)
+            sub_local = sub_plan.local(sub, ctx.rank)
+        old_lp, entropy = self.actor.compute_log_prob(sub_local, calculate_entropy=True)
+        old = sub_plan.gather(old_lp, ctx.cpu_group)
+        if rows is None:
+            b["old_log_probs"] = old
+        else:
+            b["old_log_probs"][rows] = old.to(torch.float32)
+        mask = sub.batch["response_mask"]
+        if entropy is not None:
+            full_ent = sub_plan.gather(entropy, ctx.cpu_group)
+            metrics["actor/old_entropy"] = float(core_algos.masked_mean(full_ent, mask))
+        if "rollout_log_probs" in sub.batch.keys():
+            metrics.update(rollout_mismatch_metrics(old, sub.batch["rollout_log_probs"], mask))
+        return metrics
 
     # ------------------------------------------------------------------------------ weights
 

@@ -103,6 +103,14 @@ class ActorConfig(StrictModel):
     log_prob_max_token_len_per_gpu: int = Field(
         16384, ge=1, description="token budget per no-grad forward when use_dynamic_bsz"
     )
+    recompute_old_log_prob: Literal["always", "stale"] = Field(
+        "always",
+        description="'always' (verl): the trainer recomputes the old log-probs of every row before the update; "
+        "'stale': rows its current weights generated take the replica's log-probs (rollout.calculate_log_probs, "
+        "processed at the sampling temperature) and only rows of older versions are recomputed -- one no-grad "
+        "forward pass less on on-policy rows, at the cost of the replica-vs-trainer difference in those rows "
+        "(training/rollout_probs_diff_*, ~1e-6 in fp32). A batch that judges a canary candidate is always recomputed",
+    )
     ppo_epochs: int = Field(1, ge=1, le=100, description="passes over each training batch")
     shuffle: bool = Field(False, description="shuffle samples before splitting into mini-batches")
     clip_ratio: float = Field(0.2, gt=0, le=10.0, description="PPO clip epsilon (both sides unless overridden)")

@@ -129,3 +129,27 @@ def test_ppo_with_critic_reference_and_kl_on_two_ranks(tiny_model, tmp_path):
     # the policy moved away from the reference: both KL terms are positive on step two
     assert second["metrics"]["actor/kl_loss"] > 0
     assert second["metrics"]["actor/reward_kl_penalty"] > 0
+
+
+@pytest.mark.parametrize("mode", ["always", "stale"])
+def test_old_log_probs_of_on_policy_rows_are_the_replicas_only_when_asked(tiny_model, tmp_path, mode):
+    """``actor.recompute_old_log_prob``: with ``stale`` the rows the trainer's current weights
+    generated keep the replica's log-probs and only the others are recomputed (on 2 ranks, so
+    the sub-batch is sharded and gathered); with ``always`` (verl's) every row is recomputed."""
+    from trainer_svc.launch import spawn_ranks
+
+    spec = _spec(tiny_model, recompute_old_log_prob=mode)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    code = spawn_ranks([JOB, str(tmp_path / "spec.json"), str(tmp_path / "out"), "--reuse-check"], 2, threads=1,
+                       timeout_s=300)
+    assert code == 0
+    res = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert res["stale_max_diff_from_trainer"] < 1e-5  # older rows: recomputed either way
+    if mode == "stale":
+        assert res["fresh_max_diff_from_replica"] == 0.0  # the replica's numbers, untouched
+        assert res["metrics"]["actor/old_log_prob_reused"] == 0.5
+        # the trainer-vs-replica metrics cover the recomputed rows only: the whole offset
+        assert abs(res["metrics"]["training/rollout_logprob_gap_mean"] - 0.5) < 1e-5
+    else:
+        assert abs(res["fresh_max_diff_from_replica"] - 0.5) < 1e-5  # recomputed: the trainer's own
+        assert "actor/old_log_prob_reused" not in res["metrics"]

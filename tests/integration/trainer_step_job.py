@@ -28,6 +28,8 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--nan-step", type=int, default=-1, help="poison the advantages of this step with NaN")
     ap.add_argument("--save", default=None, help="write a trainer checkpoint (DCP) of the last step here")
+    ap.add_argument("--reuse-check", action="store_true",
+                    help="only check which rows' old log-probs are recomputed (actor.recompute_old_log_prob)")
     args = ap.parse_args()
 
     import torch
@@ -43,6 +45,8 @@ def main() -> int:
     ctx = init_distributed("cpu", timeout_s=120)
     worker = TrainerWorker(spec, ctx)
     vocab = worker.model.config.vocab_size
+    if args.reuse_check:
+        return reuse_check(worker, ctx, spec, vocab, Path(args.out))
     steps = []
     for step in range(args.steps):
         batch = make_batch(args.groups, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=step)
@@ -62,6 +66,35 @@ def main() -> int:
         (out / "result.json").write_text(json.dumps({"steps": steps, "world": ctx.world_size}))
     import torch.distributed as dist
 
+    dist.destroy_process_group()
+    return 0
+
+
+def reuse_check(worker, ctx, spec, vocab: int, out: Path) -> int:
+    """The trainer's own log-probs of a batch, then the same batch with replica log-probs
+    offset by 0.5 and every other row a version old: which rows did ``_old_log_probs`` recompute?"""
+    import torch
+    import torch.distributed as dist
+
+    from trainer_svc.batching import ShardPlan
+    from trainer_svc.synthetic import make_batch
+
+    batch = make_batch(4, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=0)
+    batch.meta_info["temperature"] = 1.0
+    plan = ShardPlan.build(batch, ctx.world_size)
+    own = plan.gather(worker.actor.compute_log_prob(plan.local(batch, ctx.rank))[0], ctx.cpu_group)
+    stale = torch.arange(len(batch)) % 2 == 1
+    batch.batch["policy_version"] = torch.where(stale, worker.version - 1, worker.version).long()
+    batch.batch["rollout_log_probs"] = own + 0.5
+    metrics = worker._old_log_probs(batch, plan, plan.local(batch, ctx.rank))
+    mask = batch.batch["response_mask"].bool()
+    got = batch.batch["old_log_probs"]
+    res = {"metrics": metrics,
+           "fresh_max_diff_from_replica": float((got - own - 0.5)[~stale][mask[~stale]].abs().max()),
+           "stale_max_diff_from_trainer": float((got - own)[stale][mask[stale]].abs().max())}
+    if ctx.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "result.json").write_text(json.dumps(res))
     dist.destroy_process_group()
     return 0
 
