@@ -272,6 +272,13 @@ class RolloutEngine:
         params = self.sampling_params(sampling, self.sample_seed(seed_key or sample_id), max_tokens=max_tokens,
                                       stop=stop)
         request_id = f"{sample_id}#{self._request_prefix}-{next(self._request_seq)}"
+        if self._update_lock.locked():
+            # a weight swap is under way: vLLM holds new requests until it resumes, so this one
+            # runs wholly on the weights being loaded. Stamped with the old version it would look
+            # a version staler than it is (dropped as too stale where the trainer is already at
+            # the new one); waiting here costs nothing, the engine is paused anyway.
+            async with self._update_lock:
+                pass
         version = self.version
         self.in_flight += 1
         try:

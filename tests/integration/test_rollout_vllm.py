@@ -238,6 +238,37 @@ def test_update_while_generating(rig, tiny_model: str, mode: str) -> None:
         engine.cfg.on_weight_update = "finish"
 
 
+def test_request_made_during_a_swap_carries_the_new_version(rig, tiny_model: str) -> None:
+    """vLLM holds a request submitted while the scheduler is paused for a weight swap until it
+    resumes, so the request runs wholly on the new weights and must say so: stamped with the
+    old version it would look a version staler than it is (and be dropped as too stale by a
+    trainer that is already at the new version). The swap here is the engine's own pause,
+    load and resume around a load step that waits until the request is in."""
+    el, engine, replica = rig
+    v = engine.version
+    prompt = _prompt(tiny_model)
+
+    async def scenario():
+        release = asyncio.Event()
+
+        async def load() -> dict:  # the weights stay as they are: only the version moves on
+            await release.wait()
+            return {"ok": True}
+
+        swap = asyncio.ensure_future(engine._swap(load, v + 1))
+        while not engine._update_lock.locked():  # the swap began: the scheduler is being paused
+            await asyncio.sleep(0.001)
+        gen = asyncio.ensure_future(replica.generate_item(_item([prompt], uid="during-swap", n=4)))
+        await asyncio.sleep(0.3)  # the request reached the engine (or waits for the swap)
+        release.set()
+        await swap
+        return await gen
+
+    [out] = el.run(scenario())
+    assert engine.version == v + 1
+    assert out.batch["policy_version"].tolist() == [v + 1] * 4
+
+
 @pytest.mark.parametrize("backend", [pytest.param("redis", marks=pytest.mark.redis), "embedded"])
 def test_stream_loop(rig, tiny_model: str, backend: str, request) -> None:
     """prompts -> replica -> rollouts over a real queue backend (a private redis-server, or
