@@ -94,8 +94,11 @@ def gate_figures(run_dir: Path, lines: list[dict], bad_candidate: int) -> dict:
     events = weights.get("events", [])
     published = {e["version"]: e["ts"] for e in events if e["kind"] == "candidate"}
     delays = [e["ts"] - published[e["version"]] for e in events if e["kind"] == "promoted" and e["version"] in published]
-    candidates = [e["version"] for e in events if e["kind"] == "candidate"]
-    bad = candidates[bad_candidate - 1] if 0 < bad_candidate <= len(candidates) else None
+    # the version the test fault corrupted, as the publisher logged it (status.json keeps only
+    # the last 64 gate events: in a long run the first candidates are gone from it)
+    corrupted = re.search(r"MESHRL_TEST_WEIGHTS_FAULT: corrupting \S+ of v(\d+)",
+                          (run_dir / "logs" / "trainer.log").read_text()) if bad_candidate else None
+    bad = int(corrupted.group(1)) if corrupted else None
     rejected_at = next((rec["step"] for rec in lines
                         if rec.get("canary", {}).get("version") == bad and not rec["canary"]["promoted"]), None)
     served_bad = False
