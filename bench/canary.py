@@ -48,6 +48,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--terms", type=int, default=2, help="operands per arith prompt")
     p.add_argument("--staleness", type=int, default=3, help="async.max_staleness of both modes")
     p.add_argument("--bad-candidate", type=int, default=3, help="which candidate the fault corrupts (0: none)")
+    p.add_argument("--promote-after", type=int, default=None,
+                   help="weights.rollout.promote_after_samples (default: the config's, half a batch)")
     p.add_argument("--warm-steps", type=int, default=60, help="supervised warm-start steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="all,canary", help="comma-separated: all, canary")
@@ -65,6 +67,8 @@ def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Nam
         "trainer.save_freq=-1", "services.rollout.replicas=2", f"async.max_staleness={args.staleness}",
         f"weights.rollout.mode={mode}", "weights.rollout.on_reject=continue",
     ]
+    if args.promote_after:
+        overrides.append(f"weights.rollout.promote_after_samples={args.promote_after}")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if mode == "canary" and args.bad_candidate:
         env["MESHRL_TEST_WEIGHTS_FAULT"] = f"candidate={args.bad_candidate}:negate:model.norm.weight"

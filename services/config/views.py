@@ -232,6 +232,11 @@ class FeederView(StrictModel):
         description="with async.mode=sync: every replica's /metrics (a batch goes out once all serve the trainer's "
         "version); `meshrl run` fills it in",
     )
+    feed_each_step: bool = Field(
+        False, description="asynchronously too, watch trainer_metrics_file and top the prompts up as soon as a step "
+        "ends, not a poll later: set where weights.rollout.mode is canary (a canary that has just loaded a "
+        "candidate waits for prompts before it can make the samples the candidate is judged on)",
+    )
 
     @property
     def max_in_flight(self) -> int:
@@ -356,6 +361,7 @@ def derive_view(job: JobSpec, service: str) -> StrictModel:
     if service == "feeder":
         port = job.services.trainer.metrics_port
         view["trainer_metrics_url"] = f"http://{job.services.host}:{port}/metrics" if port else None
+        view["feed_each_step"] = job.weights.rollout.mode == "canary"
     return VIEW_CLASSES[service].model_validate(view)
 
 

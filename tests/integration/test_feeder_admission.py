@@ -89,3 +89,42 @@ async def test_a_ledger_that_cannot_be_read_feeds_nothing(tmp_path, broker):
         assert loop.status()["in_flight"] == 8
     finally:
         await loop.feeder.queue.close()
+
+
+async def test_with_the_canary_gate_the_room_a_step_frees_is_filled_when_the_step_ends(tmp_path, broker):
+    """``feed_each_step`` (``meshrl run`` sets it in canary mode): the feeder watches the
+    trainer's step file and tops up as soon as a line appears, not at its next poll (here
+    five minutes away), so a canary that has just loaded a candidate gets prompts at once."""
+    import asyncio
+
+    steps = tmp_path / "trainer_metrics.jsonl"
+    steps.write_text("")
+    view = _view(tmp_path, broker.address).model_copy(update={"trainer_metrics_file": str(steps),
+                                                               "feed_each_step": True})
+    q = make_queue(view.queues, stream="prompts", group="controller", consumer="feeder")
+    loop = FeedLoop(view, PromptFeeder(_rows(200), q, n=N, job="adm", state_path=tmp_path / "feeder.json"),
+                    FeederMetrics(), [], emit=lambda _line: None)
+    ledger = make_queue(view.queues, stream="experience", group="trainer", consumer="trainer")
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop.is_set, poll_s=300.0))
+
+    async def fed(n: int) -> bool:
+        for _ in range(200):  # 20 s at most
+            if loop.feeder.state.fed >= n or task.done():
+                break
+            await asyncio.sleep(0.1)
+        return loop.feeder.state.fed >= n
+
+    try:
+        assert await fed(8)  # the first round fills the window
+        uids = loop.feeder.fed_uids()
+        await ledger.record_stage(_samples(uids[:3]), "trained")  # the trainer commits a step ...
+        with steps.open("a") as f:
+            f.write('{"step": 1}\n')  # ... then writes its line
+        assert await fed(11), f"fed {loop.feeder.state.fed} after the step line (task done: {task.done()})"
+        assert loop.status()["in_flight"] == 8
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5.0)
+        await loop.feeder.queue.close()
+        await ledger.close()

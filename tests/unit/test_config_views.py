@@ -93,6 +93,8 @@ def test_a_changed_job_value_reaches_its_view():
     assert (r.resources.device, r.dtype, r.rollout.prompt_length, r.rollout.response_length) == ("cuda", "float16", 77, 512)
     assert (w.resources.device, w.resources.grpc_port, w.reward.tokenizer_path) == ("cuda", None, "/models/tiny")
     assert f.max_in_flight == 4 * 8 and f.trainer_metrics_url == "http://10.0.0.5:9103/metrics"
+    assert not f.feed_each_step  # mode all: the feeder keeps its poll
+    assert derive_views(parse_job(BASE, ["weights.rollout.mode=canary", "services.rollout.replicas=2"]))["feeder"].feed_each_step
 
 
 @pytest.mark.parametrize("old", sorted(MOVED_KEYS))
