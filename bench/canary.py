@@ -52,6 +52,8 @@ def parse_args() -> argparse.Namespace:
                    help="weights.rollout.promote_after_samples (default: the config's, half a batch)")
     p.add_argument("--warm-steps", type=int, default=60, help="supervised warm-start steps")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a job override for both modes (repeatable), e.g. rollout.on_weight_update=abort_requeue")
     p.add_argument("--modes", default="all,canary", help="comma-separated: all, canary")
     p.add_argument("--workdir", default=None, help="where models, data and runs go (default: a temp dir)")
     return p.parse_args()
@@ -69,6 +71,7 @@ def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Nam
     ]
     if args.promote_after:
         overrides.append(f"weights.rollout.promote_after_samples={args.promote_after}")
+    overrides += args.set
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if mode == "canary" and args.bad_candidate:
         env["MESHRL_TEST_WEIGHTS_FAULT"] = f"candidate={args.bad_candidate}:negate:model.norm.weight"
