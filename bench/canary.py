@@ -12,6 +12,14 @@ steps; only ``weights.rollout.mode`` differs:
   shows how fast a bad version is caught -- and that the other replica never serves it.
 
     python bench/canary.py [--steps 16 --batch 8 --n 4 --staleness 3 --bad-candidate 3]
+    python bench/canary.py --job quickstart [--steps 40]
+
+Two jobs. ``--job toy`` (the default) is small on purpose: 8 prompts x 4 samples per step,
+the trainer steps every ~0.15 s, shorter than the mesh's sample latency, which is the worst
+case for a gate that judges a version on its samples. ``--job quickstart`` is the quick
+start's own job (``examples/quickstart.yaml`` as it is: 32 prompts x 16 samples per step,
+``max_staleness: 1``, its actor settings) on two replicas instead of one; ``--batch``,
+``--n``, ``--response`` and ``--staleness`` then default to the spec's values.
 
 Throughput is trained samples per second from the end of the first step (start-up counts in
 neither mode). ``promote_delay_s`` is the median time from a candidate's publication to its
@@ -41,12 +49,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--job", choices=("toy", "quickstart"), default="toy",
+                   help="toy: a tiny batch and ~0.15 s steps; quickstart: examples/quickstart.yaml as it is")
     p.add_argument("--steps", type=int, default=16, help="training steps per mode")
-    p.add_argument("--batch", type=int, default=8, help="prompts per step (data.train_batch_size)")
-    p.add_argument("--n", type=int, default=4, help="samples per prompt (rollout.n)")
-    p.add_argument("--response", type=int, default=16, help="data.max_response_length (tokens)")
+    p.add_argument("--batch", type=int, default=None, help="prompts per step (data.train_batch_size; toy: 8)")
+    p.add_argument("--n", type=int, default=None, help="samples per prompt (rollout.n; toy: 4)")
+    p.add_argument("--response", type=int, default=None, help="data.max_response_length in tokens (toy: 16)")
     p.add_argument("--terms", type=int, default=2, help="operands per arith prompt")
-    p.add_argument("--staleness", type=int, default=3, help="async.max_staleness of both modes")
+    p.add_argument("--staleness", type=int, default=None, help="async.max_staleness of both modes (toy: 3)")
     p.add_argument("--bad-candidate", type=int, default=3, help="which candidate the fault corrupts (0: none)")
     p.add_argument("--promote-after", type=int, default=None,
                    help="weights.rollout.promote_after_samples (default: the config's, half a batch)")
@@ -56,19 +66,28 @@ def parse_args() -> argparse.Namespace:
                    help="a job override for both modes (repeatable), e.g. rollout.on_weight_update=abort_requeue")
     p.add_argument("--modes", default="all,canary", help="comma-separated: all, canary")
     p.add_argument("--workdir", default=None, help="where models, data and runs go (default: a temp dir)")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.job == "toy":  # the quick start's spec keeps its own values where these stay None
+        for key, value in (("batch", 8), ("n", 4), ("response", 16), ("staleness", 3)):
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    return args
 
 
 def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Namespace) -> dict:
     run_dir = work / f"run-{mode}"
     overrides = [
         f"name=bench-canary-{mode}", f"model.path={model}", f"data.train_files={train}", "data.val_files=[]",
-        f"data.max_response_length={args.response}", f"data.train_batch_size={args.batch}", f"data.seed={args.seed}",
-        f"rollout.n={args.n}", f"rollout.seed={args.seed}", f"actor.ppo_mini_batch_size={args.batch}",
-        f"actor.ppo_micro_batch_size_per_gpu={args.batch * args.n}", f"trainer.total_steps={args.steps}",
-        "trainer.save_freq=-1", "services.rollout.replicas=2", f"async.max_staleness={args.staleness}",
+        f"data.seed={args.seed}", f"rollout.seed={args.seed}", f"trainer.total_steps={args.steps}",
+        "trainer.save_freq=-1", "trainer.test_freq=-1", "services.rollout.replicas=2",
         f"weights.rollout.mode={mode}", "weights.rollout.on_reject=continue",
     ]
+    for key, value in (("data.max_response_length", args.response), ("data.train_batch_size", args.batch),
+                       ("rollout.n", args.n), ("async.max_staleness", args.staleness)):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.job == "toy":  # one optimizer step per batch, one micro-batch
+        overrides += [f"actor.ppo_mini_batch_size={args.batch}", f"actor.ppo_micro_batch_size_per_gpu={args.batch * args.n}"]
     if args.promote_after:
         overrides.append(f"weights.rollout.promote_after_samples={args.promote_after}")
     overrides += args.set

@@ -169,9 +169,9 @@ class CanaryGate:
         candidate, when another step before the verdict would make the promoted replicas'
         samples too stale to train: the trainer is ``max_staleness`` versions past the
         promoted version. Then the trainer waits for the canary instead of racing ahead and
-        dropping what every other replica makes. At most ``park_limit`` groups (half the
-        feeder's admission window), so the canary always gets prompts: past it the trainer
-        steps on (True: parked)."""
+        dropping what every other replica makes. At most ``park_limit`` groups
+        (:func:`park_limit`), so the trainer can always fill a batch or finish the judging
+        one: past it the trainer steps on (True: parked)."""
         c = self.candidate
         if c is None or current_version - self.rollout.promoted < self.max_staleness or len(c.parked) >= self.park_limit:
             return False
@@ -276,6 +276,22 @@ class CanaryGate:
         """For the trainer's ``/status``."""
         c = self.candidate
         return {**self.rollout.as_dict(), "held_samples": c.tally.samples if c else 0, "failed": self.failed}
+
+
+def park_limit(window: int, batch_groups: int, needed_groups: int) -> int:
+    """How many promoted groups the intake may park for a judging batch, ``window`` being
+    the feeder's admission bound (``(async.max_staleness + 1) * data.train_batch_size``
+    prompts: held and parked groups are unfinished, so they count against it).
+
+    Progress needs one of two things: the candidate reaches ``needed_groups`` held groups
+    (the judging batch closes), or the trainer fills a batch of ``batch_groups`` from what
+    it does not hold. Parking at most ``window - batch_groups - needed_groups`` keeps both
+    possible: with the candidate short of its groups, a full batch still fits beside what
+    is held. Half the window (the first rule) deadlocked at ``max_staleness: 1``: one
+    batch parked, the candidate one group short, and the rest of the window a batch that
+    could never fill -- every prompt admitted was sitting in the trainer.
+    """
+    return max(0, window - batch_groups - needed_groups)
 
 
 def next_offer(rollout: Any, version: int, published: int, offered_again: int, max_staleness: int) -> str | None:

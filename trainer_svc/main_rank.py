@@ -61,11 +61,13 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
 
             publisher = WeightPublisher(spec.weights, registry=registry).start()
             if spec.weights.canary and spec.queues is not None:
-                from trainer_svc.canary import CanaryGate
+                from trainer_svc.canary import CanaryGate, park_limit
 
-                gate = CanaryGate(spec.weights.rollout, publisher, spec.data.train_batch_size * spec.rollout.n,
-                                  max_staleness=spec.async_.max_staleness,
-                                  park_limit=(spec.async_.max_staleness + 1) * spec.data.train_batch_size // 2)
+                per_batch = spec.data.train_batch_size * spec.rollout.n
+                needed_groups = -(-spec.weights.rollout.samples_to_decide(per_batch) // spec.rollout.n)
+                gate = CanaryGate(spec.weights.rollout, publisher, per_batch, max_staleness=spec.async_.max_staleness,
+                                  park_limit=park_limit(spec.async_.max_in_flight(spec.data.train_batch_size),
+                                                        spec.data.train_batch_size, needed_groups))
         source = _make_source(spec, worker.model.config.vocab_size, consumer, gate)
     def announce() -> None:
         addresses = {"metrics": f"{server.host}:{server.port}"}

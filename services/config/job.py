@@ -272,6 +272,11 @@ class AsyncConfig(StrictModel):
         1, ge=0, le=1000, description="train only on samples with version >= current - max_staleness; 0 = on-policy"
     )
 
+    def max_in_flight(self, train_batch_size: int) -> int:
+        """The feeder's admission bound: ``(max_staleness + 1) * train_batch_size`` prompts
+        unfinished at once (fed and not yet trained or dropped)."""
+        return (self.max_staleness + 1) * train_batch_size
+
     @model_validator(mode="after")
     def _sync_is_on_policy(self) -> "AsyncConfig":
         if self.mode == "sync" and self.max_staleness != 0:

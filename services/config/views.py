@@ -241,7 +241,7 @@ class FeederView(StrictModel):
     @property
     def max_in_flight(self) -> int:
         """Admission bound: ``(async.max_staleness + 1) * data.train_batch_size`` prompts."""
-        return (self.async_.max_staleness + 1) * self.data.train_batch_size
+        return self.async_.max_in_flight(self.data.train_batch_size)
 
     def resolve_paths(self, base: Path) -> None:
         self.model.resolve_paths(base)

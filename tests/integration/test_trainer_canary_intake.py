@@ -11,7 +11,7 @@ from services.config.queues import EmbeddedQueueConfig
 from services.config.weights import WeightChannelConfig
 from services.queues import make_queue
 from services.weights import WeightPublisher
-from trainer_svc.canary import META_KEY, CanaryGate, judge
+from trainer_svc.canary import META_KEY, CanaryGate, judge, park_limit
 from trainer_svc.intake import QueueIntake
 from trainer_svc.synthetic import make_group
 
@@ -164,5 +164,36 @@ async def test_a_trainer_max_staleness_past_the_promoted_version_waits_for_the_v
     assert list(pending.data.non_tensor_batch["uid"]) == ["q0", "q0", "q1", "q1", "q2", "q2", "q3", "q3"]
     await intake.commit(pending)
     assert await consumer.depth() == 0 and intake.counters.dropped_stale == 2 and intake.counters.samples_trained == 16
+    await producer.close()
+    await consumer.close()
+
+
+async def test_at_max_staleness_1_parked_groups_leave_room_for_a_batch_beside_a_short_candidate(broker):
+    """``max_staleness: 1`` (the quick start's): the feeder admits two batches' prompts, and
+    held or parked groups are unfinished, so they take room in that window. The candidate is
+    one group short of being judged and the window is full: parking half the window (the
+    first rule) left three groups to a four-group batch, and the trainer waited for ever.
+    The park limit leaves room for a whole batch beside the candidate's groups."""
+    producer, consumer = await _experience(broker)
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 4}))
+    pub.rollout.routed(0, "promote")
+    pub.rollout.routed(1, "canaries")
+    batch_groups, window = 4, 8  # (max_staleness + 1) * train_batch_size
+    limit = park_limit(window, batch_groups, needed_groups=2)  # 4 samples of groups of 2
+    assert limit == 2
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=8, max_staleness=1, park_limit=limit)
+    intake = QueueIntake(consumer, train_batch_size=batch_groups, max_staleness=1, poll_s=0.2, gate=gate)
+    # the whole window: one group of the candidate, seven of the promoted version
+    await producer.put([_group("c0", 1)] + [_group(f"p{i}", 0) for i in range(7)])
+    pending = await intake.next_batch(1, timeout=5)  # p0, p1 parked; a batch of promoted groups
+    assert META_KEY not in pending.data.meta_info
+    assert list(pending.data.non_tensor_batch["uid"]) == ["p2", "p2", "p3", "p3", "p4", "p4", "p5", "p5"]
+    await intake.commit(pending)
+    # the room the step freed: the canary's next group completes the candidate's samples
+    await producer.put([_group("c1", 1)])
+    pending = await intake.next_batch(1, timeout=5)
+    assert pending.data.meta_info[META_KEY]["version"] == 1
+    assert list(pending.data.non_tensor_batch["uid"]) == ["p6", "p6", "c0", "c0", "c1", "c1", "p0", "p0"]
+    await intake.commit(pending)
     await producer.close()
     await consumer.close()
