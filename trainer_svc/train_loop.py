@@ -194,11 +194,17 @@ class TrainerService:
                 self._join_export()
                 return int(control.get("code", 0))
             t0 = time.perf_counter()
-            result = self.worker.step(batch)
+            failed: list[BaseException] = []  # rank 0: the gate's decision, made within the step
+
+            def on_verdict(verdict: dict, removed: Any) -> None:
+                if (exc := self._decide(pending, verdict, removed)) is not None:
+                    failed.append(exc)
+
+            result = self.worker.step(batch, on_verdict=None if self.gate is None else on_verdict)
             t1 = time.perf_counter()
-            if result.canary is not None and self.ctx.rank == 0:
-                self._decide(pending, result)
-            elif self.gate is not None:
+            if failed:
+                raise failed[0]  # now that the step's collectives are done
+            if self.gate is not None and result.canary is None:
                 self.gate.observe_step(result.metrics)  # the baseline of a judging batch without promoted rows
             if result.applied and control.get("publish", True):
                 self._publish()
@@ -327,12 +333,19 @@ class TrainerService:
         if not self.stop_requested:
             logger.warning("canary: resumed; the next version is the next candidate")
 
-    def _decide(self, pending: Any, result: StepResult) -> None:
-        """Rank 0: the step judged a candidate (``result.canary``): account for the rows it
-        left out, then tell the publisher."""
-        if result.removed is not None and bool(result.removed.any()):
-            pending.remove(result.removed, rejected=not result.canary["promoted"])
-        self.gate.decide(result.canary)
+    def _decide(self, pending: Any, verdict: dict, removed: Any) -> BaseException | None:
+        """Rank 0, inside the step that judged a candidate, between the old log-probs and the
+        updates: account for the rows the verdict leaves out, then tell the publisher (a
+        promoted version goes out while the step updates). An error is returned, to be raised
+        once the step's collectives are done (raising here would leave the other ranks
+        waiting in them)."""
+        try:
+            if removed is not None and bool(removed.any()):
+                pending.remove(removed, rejected=not verdict["promoted"])
+            self.gate.decide(verdict)
+        except Exception as exc:
+            return exc
+        return None
 
     def _publish(self, initial: bool = False) -> None:
         """Gather full parameters (all ranks); rank 0 streams them to the publisher."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -126,8 +126,13 @@ class TrainerWorker:
 
     # ------------------------------------------------------------------------------ step
 
-    def step(self, batch: DataProto) -> StepResult:
-        """One training step on the full batch (identical on every rank). Collective."""
+    def step(self, batch: DataProto, on_verdict: Callable[[dict, torch.Tensor], None] | None = None) -> StepResult:
+        """One training step on the full batch (identical on every rank). Collective.
+
+        A batch that judges a canary candidate reaches its verdict once the old log-probs are
+        recomputed, before the updates: ``on_verdict(verdict, removed)`` (rank 0's gate) is
+        called then, so a promoted version goes to the other replicas while this step is
+        still updating, not a step later."""
         if len(batch) == 0:
             raise ValueError("empty training batch")
         ctx, spec = self.ctx, self.spec
@@ -142,6 +147,8 @@ class TrainerWorker:
         if batch.meta_info.get(canary.META_KEY):
             verdict, removed = canary.judge(batch, batch.meta_info[canary.META_KEY], self.version,
                                             spec.async_.max_staleness)
+            if on_verdict is not None:
+                on_verdict(verdict, removed)
             if bool(removed.any()):
                 batch = batch.select_idxs(~removed)
                 if len(batch) == 0:

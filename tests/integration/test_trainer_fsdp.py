@@ -153,3 +153,19 @@ def test_old_log_probs_of_on_policy_rows_are_the_replicas_only_when_asked(tiny_m
     else:
         assert abs(res["fresh_max_diff_from_replica"] - 0.5) < 1e-5  # recomputed: the trainer's own
         assert "actor/old_log_prob_reused" not in res["metrics"]
+
+
+def test_a_judging_batchs_verdict_is_handed_over_before_the_updates(tiny_model, tmp_path):
+    """Canary mode: the step that judges a candidate gives rank 0 its verdict as soon as the
+    old log-probs are recomputed -- the parameters are still the step's starting ones, so
+    the promoted replicas start loading the version while the step updates (2 ranks: only
+    rank 0 decides, and the step still completes on both)."""
+    from trainer_svc.launch import spawn_ranks
+
+    (tmp_path / "spec.json").write_text(json.dumps(_spec(tiny_model)))
+    code = spawn_ranks([JOB, str(tmp_path / "spec.json"), str(tmp_path / "out"), "--canary-check"], 2, threads=1,
+                       timeout_s=300)
+    assert code == 0
+    res = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert res["calls"] == [{"verdict": True, "params_unchanged": True, "version": 0, "removed": 0}]
+    assert res["result_promoted"] and res["applied"] and res["version"] == 1 and res["params_changed_after"]

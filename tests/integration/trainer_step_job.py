@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--save", default=None, help="write a trainer checkpoint (DCP) of the last step here")
     ap.add_argument("--reuse-check", action="store_true",
                     help="only check which rows' old log-probs are recomputed (actor.recompute_old_log_prob)")
+    ap.add_argument("--canary-check", action="store_true",
+                    help="only check when a judging batch's verdict is handed over (before the updates)")
     args = ap.parse_args()
 
     import torch
@@ -47,6 +49,8 @@ def main() -> int:
     vocab = worker.model.config.vocab_size
     if args.reuse_check:
         return reuse_check(worker, ctx, spec, vocab, Path(args.out))
+    if args.canary_check:
+        return canary_check(worker, ctx, spec, vocab, Path(args.out))
     steps = []
     for step in range(args.steps):
         batch = make_batch(args.groups, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=step)
@@ -95,6 +99,41 @@ def reuse_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     if ctx.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(res))
+    dist.destroy_process_group()
+    return 0
+
+
+def canary_check(worker, ctx, spec, vocab: int, out: Path) -> int:
+    """A batch that judges candidate v0 (rows of v0, replica log-probs near the trainer's):
+    rank 0 records, when its ``on_verdict`` is called, whether the parameters were still
+    the step's starting ones; every rank reports the step's verdict."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer_svc import canary
+    from trainer_svc.synthetic import make_batch
+
+    batch = make_batch(4, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=0)
+    batch.batch["rollout_log_probs"] = torch.zeros_like(batch.batch["response_mask"], dtype=torch.float32)
+    batch.meta_info[canary.META_KEY] = {"version": 0, "max_logprob_gap_increase": 1e9, "promoted_logprob_gap": 0.0}
+    def shards():  # this rank's shards (comparing DTensors would be a collective, and rank 0 alone checks)
+        return {name: getattr(t, "to_local", lambda t=t: t)().detach() for name, t in worker.model.named_parameters()}
+
+    before = {name: t.clone() for name, t in shards().items()}
+    calls = []
+
+    def on_verdict(verdict, removed):
+        unchanged = all(torch.equal(t, before[name]) for name, t in shards().items())
+        calls.append({"verdict": verdict["promoted"], "params_unchanged": unchanged, "version": worker.version,
+                      "removed": int(removed.sum())})
+
+    res = worker.step(batch, on_verdict=on_verdict if ctx.rank == 0 else None)
+    changed = any(not torch.equal(t, before[name]) for name, t in shards().items())
+    report = {"calls": calls, "result_promoted": res.canary["promoted"], "applied": res.applied,
+              "version": res.version, "params_changed_after": changed}
+    if ctx.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "result.json").write_text(json.dumps(report))
     dist.destroy_process_group()
     return 0
 
