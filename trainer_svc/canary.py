@@ -16,8 +16,9 @@ canaries' samples of it, in three places:
    judge both; without such rows, with the last step's gap). The verdict is
    computed from the broadcast batch alone, so every rank reaches the same one; a rejected
    candidate's rows leave the batch before the advantages and the update.
-3. **After the step** (rank 0, :meth:`CanaryGate.decide`): the publisher promotes or
-   rejects; a rejection is logged with its measurements and the job follows ``on_reject``.
+3. **Within the step**, once the verdict is in and before the updates (rank 0,
+   :meth:`CanaryGate.decide`): the publisher promotes or rejects; a rejection is logged
+   with its measurements and the job follows ``on_reject``.
 
 Samples of a rejected version are dropped wherever they turn up, counted as dropped for
 their version (``dropped_stale``) and, apart, as ``dropped_rejected``.

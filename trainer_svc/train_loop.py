@@ -16,7 +16,8 @@ polls and broadcasts ``stop``; all ranks then save a checkpoint and exit 0.
 
 With the canary gate (``weights.rollout.mode: canary``, :mod:`trainer_svc.canary`) a batch
 may carry a candidate version's samples: the step judges them, rank 0 tells the publisher
-(promote / reject) before the step's own version is published, and a version that would go
+(promote / reject) within the step, before its updates (so before the step's own version is
+published), and a version that would go
 nowhere (a candidate is still under test) is not gathered at all. After a rejection the
 loop follows ``on_reject``: it pauses (heartbeats only) until the rollout is resumed, or
 stops with ``REJECT_EXIT_CODE``.
