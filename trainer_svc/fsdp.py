@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from services.config.trainer import OptimConfig
+from services.config.trainer import MixedPrecisionConfig, OptimConfig
 
 
 @dataclass
@@ -78,23 +78,37 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def shard_model(model: torch.nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool = True,
+    mixed_precision: MixedPrecisionConfig | None = None,
+) -> torch.nn.Module:
     """Apply FSDP2 ``fully_shard`` to every decoder layer, then to the root (in place).
 
     Parameters become ``DTensor``s sharded on dim 0 across ``mesh``; each layer's
-    parameters are all-gathered just before its forward and freed after.
+    parameters are all-gathered just before its forward and freed after. With
+    ``mixed_precision`` the gathered copies are cast to its ``param_dtype`` (the sharded
+    master parameters, their gradients and the optimizer state keep the model's dtype) and
+    gradients are reduce-scattered in its ``reduce_dtype``; the model's outputs stay in
+    ``param_dtype`` (log-probs are taken in float32 by the actor).
 
-    On a mesh of one rank the model is returned unwrapped: there is nothing to shard, and
-    FSDP2 would only add its hooks around every layer's forward and backward, DTensor
-    dispatch on every optimizer and clipping op, and a one-rank reduce-scatter per layer --
-    about an eighth of a quick-start trainer step -- for the same numbers (one rank's
-    all-gather and reduce-scatter are copies).
+    On a mesh of one rank without mixed precision the model is returned unwrapped: there
+    is nothing to shard, and FSDP2 would only add its hooks around every layer's forward and
+    backward, DTensor dispatch on every optimizer and clipping op, and a one-rank
+    reduce-scatter per layer -- about an eighth of a quick-start trainer step -- for the
+    same numbers (one rank's all-gather and reduce-scatter are copies). With mixed precision
+    it is wrapped even then: FSDP2 is what casts.
     """
-    if mesh.size() == 1:
+    if mesh.size() == 1 and mixed_precision is None:
         return model
+    kw: dict = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if mixed_precision is not None:
+        kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=getattr(torch, mixed_precision.param_dtype),
+            reduce_dtype=getattr(torch, mixed_precision.reduce_dtype),
+        )
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     return model
 
 

@@ -91,8 +91,8 @@ class TrainerWorker:
         model = load_causal_lm(spec.model.path, spec.model.dtype, device=ctx.device)
         if a.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        reshard = a.fsdp_config.reshard_after_forward
-        self.model = shard_model(model, ctx.mesh, reshard_after_forward=reshard)
+        reshard, mp = a.fsdp_config.reshard_after_forward, a.fsdp_config.mixed_precision
+        self.model = shard_model(model, ctx.mesh, reshard_after_forward=reshard, mixed_precision=mp)
         # As in verl, the schedule advances once per training step (policy version).
         self.optimizer, self.lr_scheduler = build_optimizer(self.model, a.optim, spec.trainer.total_steps)
         self.actor = DataParallelPPOActor(
@@ -106,13 +106,15 @@ class TrainerWorker:
         self.ref: ReferencePolicy | None = None
         if spec.use_ref:
             # forward-only: always free gathered parameters after each layer
-            ref_model = shard_model(load_causal_lm(spec.model.path, spec.model.dtype, device=ctx.device), ctx.mesh)
+            ref_model = shard_model(load_causal_lm(spec.model.path, spec.model.dtype, device=ctx.device), ctx.mesh,
+                                    mixed_precision=mp)
             self.ref = ReferencePolicy(ref_model, a, spec.ref, group=ctx.cpu_group)
         self.critic: DataParallelPPOCritic | None = None
         self.critic_optimizer = self.critic_scheduler = None
         if spec.use_critic:
             c = spec.critic
-            vmodel = shard_model(load_value_model(c.model_path or spec.model.path, spec.model.dtype, device=ctx.device), ctx.mesh)
+            vmodel = shard_model(load_value_model(c.model_path or spec.model.path, spec.model.dtype, device=ctx.device),
+                                 ctx.mesh, mixed_precision=mp)
             self.critic_optimizer, self.critic_scheduler = build_optimizer(vmodel, c.optim, spec.trainer.total_steps)
             self.critic = DataParallelPPOCritic(
                 c,

@@ -48,11 +48,28 @@ class OptimConfig(StrictModel):
         return self
 
 
+FloatDtype = Literal["float32", "bfloat16", "float16"]
+
+
+class MixedPrecisionConfig(StrictModel):
+    """FSDP2 mixed precision (verl ``fsdp_config.mixed_precision``): the parameters, their
+    gradients and the optimizer state stay in ``model.dtype`` (the master copy); each layer
+    computes in ``param_dtype`` and gradients are reduced across ranks in ``reduce_dtype``."""
+
+    param_dtype: FloatDtype = Field("bfloat16", description="dtype of the gathered parameters each layer computes in")
+    reduce_dtype: FloatDtype = Field("float32", description="dtype gradients are reduce-scattered in")
+
+
 class FSDPConfig(StrictModel):
     """FSDP2 wrapping options (verl ``actor.fsdp_config``)."""
 
     reshard_after_forward: bool = Field(
         True, description="free gathered parameters after each layer's forward (less memory, one more all-gather)"
+    )
+    mixed_precision: MixedPrecisionConfig | None = Field(
+        None,
+        description="compute in param_dtype over a model.dtype master copy (null: compute in model.dtype); "
+        "set, the model is wrapped in FSDP2 even on one rank, since FSDP2 does the casts",
     )
 
 

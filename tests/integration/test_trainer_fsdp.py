@@ -53,7 +53,8 @@ def runs(tiny_model, tmp_path_factory):
 
 
 def _reference(tiny_model: str):
-    """The same step without FSDP or torch.distributed: plain HF model, one process."""
+    """The same step without FSDP or torch.distributed: plain HF model, one process.
+    The batch comes back with its ``old_log_probs`` (the step's recompute)."""
     from services.config.trainer import ActorConfig, AlgorithmConfig
     from trainer_svc.actor import DataParallelPPOActor
     from trainer_svc.experience import compute_advantage
@@ -68,12 +69,12 @@ def _reference(tiny_model: str):
     batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
     compute_advantage(batch, AlgorithmConfig())
     res = actor.update_policy(batch)
-    return res, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return res, {n: p.detach().clone() for n, p in model.named_parameters()}, batch
 
 
 def test_one_rank_fsdp_matches_plain_pytorch(runs, tiny_model):
     (res1, params1), _ = runs
-    ref_res, ref_params = _reference(tiny_model)
+    ref_res, ref_params, _ = _reference(tiny_model)
     m = res1["steps"][0]["metrics"]
     assert m["actor/pg_loss"] == pytest.approx(ref_res.metrics["actor/pg_loss"], rel=1e-4, abs=1e-6)
     assert m["actor/grad_norm"] == pytest.approx(ref_res.metrics["actor/grad_norm"], rel=1e-4)
@@ -102,6 +103,29 @@ def test_nan_step_is_skipped_and_reported(runs):
     assert bad["skipped"] == 1
     assert bad["version"] == 1, "a skipped step must not bump the policy version"
     assert not (bad["metrics"]["actor/grad_norm"] == bad["metrics"]["actor/grad_norm"]) or bad["metrics"]["actor/grad_norm"] == float("inf")
+
+
+def test_mixed_precision_computes_in_bf16_over_a_float32_master_copy(tiny_model, tmp_path):
+    """``fsdp_config.mixed_precision`` on one rank: FSDP2 wraps the model anyway and each layer
+    computes in bf16 (the log-probs differ from float32's, by bf16's rounding only), while the
+    parameters stay float32 and take about the float32 step's update."""
+    from safetensors.torch import load_file
+
+    spec = _spec(tiny_model, fsdp_config={"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}})
+    res, params = _run(tmp_path, spec, 1)
+    _, ref_params, ref_batch = _reference(tiny_model)
+    assert res["steps"][0]["applied"] and res["steps"][0]["version"] == 1
+    mask = ref_batch.batch["response_mask"].bool()
+    got = load_file(str(tmp_path / "out" / "log_probs.safetensors"))["step0"]
+    gap = (got - ref_batch.batch["old_log_probs"]).abs()[mask]
+    assert gap.max() > 1e-4, "log-probs equal float32's: the layers did not compute in bf16"
+    assert gap.mean() < 0.05, f"bf16 log-probs are {gap.mean():.4f} from float32's on average"
+    start = _initial(tiny_model)
+    assert all(params[n].dtype == torch.float32 for n in start), "the master parameters must stay float32"
+    ours = torch.cat([(params[n] - start[n]).flatten() for n in start])
+    ref = torch.cat([(ref_params[n] - start[n]).flatten() for n in start])
+    assert ours.abs().max() > 1e-4, "the update did not change the weights"
+    assert torch.nn.functional.cosine_similarity(ours, ref, dim=0) > 0.9, "the bf16 update points elsewhere"
 
 
 def _initial(tiny_model: str) -> dict:

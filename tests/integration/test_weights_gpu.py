@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(900)]
 
 DEADLINE_S = 300.0
 
@@ -36,6 +36,7 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("serve_dtype", ["bfloat16", "float32"])
 def test_nccl_channel_into_a_gpu_vllm_worker(tiny_model: str, serve_dtype: str) -> None:
     """fp32 trainer weights reach a GPU replica over NCCL; with a bf16 replica they travel as

@@ -4,9 +4,11 @@ Run as ``nproc`` ranks by ``trainer_svc.launch.spawn_ranks``::
 
     python tests/integration/trainer_step_job.py SPEC.json OUT_DIR [--steps K]
 
-Rank 0 writes ``OUT_DIR/result.json`` (per-step metrics, versions) and
-``OUT_DIR/params.safetensors`` (the full parameters after the last step); with
-``--save DIR`` also a trainer checkpoint of the last step under DIR.
+Rank 0 writes ``OUT_DIR/result.json`` (per-step metrics, versions),
+``OUT_DIR/params.safetensors`` (the full parameters after the last step) and
+``OUT_DIR/log_probs.safetensors`` (each step's recomputed old log-probs, ``step<k>``); with
+``--save DIR`` also a trainer checkpoint of the last step under DIR. ``--device cuda`` runs
+the ranks on GPUs (nccl), the same code as on CPU (gloo).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--prompt-len", type=int, default=7)
+    ap.add_argument("--response-len", type=int, default=6)
     ap.add_argument("--nan-step", type=int, default=-1, help="poison the advantages of this step with NaN")
     ap.add_argument("--save", default=None, help="write a trainer checkpoint (DCP) of the last step here")
     ap.add_argument("--reuse-check", action="store_true",
@@ -44,29 +49,32 @@ def main() -> int:
 
     torch.set_num_threads(1)
     spec = TrainerView.model_validate(json.loads(Path(args.spec).read_text()))
-    ctx = init_distributed("cpu", timeout_s=120)
+    ctx = init_distributed(args.device, timeout_s=120)
     worker = TrainerWorker(spec, ctx)
     vocab = worker.model.config.vocab_size
     if args.reuse_check:
         return reuse_check(worker, ctx, spec, vocab, Path(args.out))
     if args.canary_check:
         return canary_check(worker, ctx, spec, vocab, Path(args.out))
-    steps = []
+    steps, log_probs = [], {}
     for step in range(args.steps):
-        batch = make_batch(args.groups, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=step)
+        batch = make_batch(args.groups, n=spec.rollout.n, prompt_len=args.prompt_len, response_len=args.response_len,
+                           vocab_size=vocab, seed=step)
         if step == args.nan_step:
             batch.batch["token_level_scores"][0, 0] = float("nan")
         res = worker.step(batch)
+        log_probs[f"step{step}"] = batch.batch["old_log_probs"].float().cpu().contiguous()
         steps.append({"version": res.version, "applied": res.applied, "skipped": res.skipped_steps, "metrics": res.metrics})
     if args.save:
         from trainer_svc.checkpoint import CheckpointManager
 
         CheckpointManager(args.save, ctx).save(args.steps, worker, {})
-    params = {name: t.clone().contiguous() for name, t in worker.full_params()}
+    params = {name: t.cpu().clone().contiguous() for name, t in worker.full_params()}
     if ctx.rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         save_file(params, str(out / "params.safetensors"))
+        save_file(log_probs, str(out / "log_probs.safetensors"))
         (out / "result.json").write_text(json.dumps({"steps": steps, "world": ctx.world_size}))
     import torch.distributed as dist
 
