@@ -272,9 +272,19 @@ class AsyncConfig(StrictModel):
         1, ge=0, le=1000, description="train only on samples with version >= current - max_staleness; 0 = on-policy"
     )
 
-    def max_in_flight(self, train_batch_size: int) -> int:
-        """The feeder's admission bound: ``(max_staleness + 1) * train_batch_size`` prompts
-        unfinished at once (fed and not yet trained or dropped)."""
+    max_in_flight: int | None = Field(
+        None, ge=1, le=10_000_000,
+        description="the feeder's admission bound in prompts unfinished at once (fed, not yet trained or dropped); "
+        "null: (max_staleness + 1) * train_batch_size. Smaller keeps fewer samples waiting for the trainer "
+        "(fresher, fewer dropped as stale) at the cost of less lookahead; at least train_batch_size",
+    )
+
+    def max_in_flight_for(self, train_batch_size: int) -> int:
+        """The feeder's admission bound: ``max_in_flight``, by default
+        ``(max_staleness + 1) * train_batch_size`` prompts unfinished at once (fed and not yet
+        trained or dropped)."""
+        if self.max_in_flight is not None:
+            return self.max_in_flight
         return (self.max_staleness + 1) * train_batch_size
 
     @model_validator(mode="after")
@@ -329,6 +339,11 @@ class JobSpec(StrictModel):
             problems.append(
                 f"data.train_batch_size ({self.data.train_batch_size}) must be a multiple of "
                 f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size})"
+            )
+        if self.async_.max_in_flight is not None and self.async_.max_in_flight < self.data.train_batch_size:
+            problems.append(
+                f"async.max_in_flight ({self.async_.max_in_flight}) is below data.train_batch_size "
+                f"({self.data.train_batch_size}): a batch could never be admitted"
             )
         if self.algorithm.adv_estimator in ("grpo", "rloo", "grpo_passk") and self.rollout.n < 2:
             problems.append(f"algorithm.adv_estimator={self.algorithm.adv_estimator} needs rollout.n >= 2 (a group)")

@@ -240,8 +240,9 @@ class FeederView(StrictModel):
 
     @property
     def max_in_flight(self) -> int:
-        """Admission bound: ``(async.max_staleness + 1) * data.train_batch_size`` prompts."""
-        return self.async_.max_in_flight(self.data.train_batch_size)
+        """Admission bound: ``async.max_in_flight``, by default
+        ``(async.max_staleness + 1) * data.train_batch_size`` prompts."""
+        return self.async_.max_in_flight_for(self.data.train_batch_size)
 
     def resolve_paths(self, base: Path) -> None:
         self.model.resolve_paths(base)
@@ -276,6 +277,7 @@ def _same(*paths: str) -> tuple[Take, ...]:
 TAKES: dict[str, tuple[Take, ...]] = {
     "trainer": (
         *_same("model", "data.train_batch_size", "rollout.n", "rollout.temperature", "async.max_staleness",
+               "async.max_in_flight",
                "actor", "critic", "ref", "algorithm", "trainer", "queues", "weights"),
         Take("resources.nproc", "services.trainer.nproc"),
         Take("resources.device", "services.trainer.device"),

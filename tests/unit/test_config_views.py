@@ -97,6 +97,15 @@ def test_a_changed_job_value_reaches_its_view():
     assert derive_views(parse_job(BASE, ["weights.rollout.mode=canary", "services.rollout.replicas=2"]))["feeder"].feed_each_step
 
 
+def test_async_max_in_flight_sets_the_admission_bound_for_the_feeder_and_the_trainer():
+    assert derive_views(parse_job(BASE, ["async.max_staleness=3"]))["feeder"].max_in_flight == 4 * 8
+    v = derive_views(parse_job(BASE, ["async.max_staleness=3", "async.max_in_flight=12"]))
+    assert v["feeder"].max_in_flight == 12
+    assert v["trainer"].async_.max_in_flight_for(v["trainer"].data.train_batch_size) == 12  # the park limit's window
+    with pytest.raises(Exception, match="a batch could never be admitted"):
+        parse_job(BASE, ["async.max_in_flight=7"])  # below train_batch_size (8)
+
+
 @pytest.mark.parametrize("old", sorted(MOVED_KEYS))
 def test_keys_with_another_home_are_refused_naming_it(old):
     with pytest.raises(JobSpecError) as exc:
