@@ -37,6 +37,8 @@ CASES = {
 }
 #: benchmarks whose smoke run lives in another test file
 ELSEWHERE = {"wire.py": "tests/unit/test_wire_bench.py", "verifiers.py": "tests/unit/test_math_verify_scorer.py"}
+#: need a CUDA GPU (scripts/gpu_check.sh runs it on one; its checks are the ``gpu`` tests' and more)
+GPU_BENCHMARKS = {"gpu_check.py"}
 #: benchmarks that run whole jobs (vLLM replicas, trainers) or TRL: no CI smoke run yet
 JOB_BENCHMARKS = {"rollout.py", "agent.py", "weights_e2e.py", "async_vs_sync.py", "vs_trl.py", "ray_launcher.py",
                   "quickstart_seeds.py", "trainer_kills.py", "canary.py"}
@@ -44,7 +46,7 @@ JOB_BENCHMARKS = {"rollout.py", "agent.py", "weights_e2e.py", "async_vs_sync.py"
 
 def test_every_benchmark_is_listed():
     scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")}
-    listed = set(CASES) | set(ELSEWHERE) | (JOB_BENCHMARKS & scripts)
+    listed = set(CASES) | set(ELSEWHERE) | (JOB_BENCHMARKS & scripts) | (GPU_BENCHMARKS & scripts)
     assert scripts == listed, f"not listed here: {sorted(scripts - listed)}; listed but gone: {sorted(listed - scripts)}"
 
 
