@@ -276,7 +276,7 @@ class AsyncConfig(StrictModel):
         None, ge=1, le=10_000_000,
         description="the feeder's admission bound in prompts unfinished at once (fed, not yet trained or dropped); "
         "null: (max_staleness + 1) * train_batch_size. Smaller keeps fewer samples waiting for the trainer "
-        "(fresher, fewer dropped as stale) at the cost of less lookahead; at least train_batch_size",
+        "(fresher, fewer dropped as stale) at the cost of less lookahead; from train_batch_size up to the default",
     )
 
     def max_in_flight_for(self, train_batch_size: int) -> int:
@@ -340,10 +340,16 @@ class JobSpec(StrictModel):
                 f"data.train_batch_size ({self.data.train_batch_size}) must be a multiple of "
                 f"actor.ppo_mini_batch_size ({self.actor.ppo_mini_batch_size})"
             )
-        if self.async_.max_in_flight is not None and self.async_.max_in_flight < self.data.train_batch_size:
+        window, batch = self.async_.max_in_flight, self.data.train_batch_size
+        if window is not None and window < batch:
             problems.append(
-                f"async.max_in_flight ({self.async_.max_in_flight}) is below data.train_batch_size "
-                f"({self.data.train_batch_size}): a batch could never be admitted"
+                f"async.max_in_flight ({window}) is below data.train_batch_size ({batch}): "
+                "a batch could never be admitted"
+            )
+        elif window is not None and window > (self.async_.max_staleness + 1) * batch:
+            problems.append(
+                f"async.max_in_flight ({window}) exceeds (async.max_staleness + 1) * data.train_batch_size "
+                f"({(self.async_.max_staleness + 1) * batch}): the rest could only go stale (raise max_staleness)"
             )
         if self.algorithm.adv_estimator in ("grpo", "rloo", "grpo_passk") and self.rollout.n < 2:
             problems.append(f"algorithm.adv_estimator={self.algorithm.adv_estimator} needs rollout.n >= 2 (a group)")

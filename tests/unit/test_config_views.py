@@ -104,6 +104,8 @@ def test_async_max_in_flight_sets_the_admission_bound_for_the_feeder_and_the_tra
     assert v["trainer"].async_.max_in_flight_for(v["trainer"].data.train_batch_size) == 12  # the park limit's window
     with pytest.raises(Exception, match="a batch could never be admitted"):
         parse_job(BASE, ["async.max_in_flight=7"])  # below train_batch_size (8)
+    with pytest.raises(Exception, match="could only go stale"):
+        parse_job(BASE, ["async.max_staleness=1", "async.max_in_flight=17"])  # above (1 + 1) * 8
 
 
 @pytest.mark.parametrize("old", sorted(MOVED_KEYS))
