@@ -325,6 +325,21 @@ def next_offer(rollout: Any, version: int, published: int, offered_again: int, m
     return None
 
 
+def offer_on_promotion(rollout: Any, version: int, published: int) -> bool:
+    """Whether the step that judges the candidate offers its starting weights (``version``,
+    never gathered: made while the candidate was under test) as the next candidate as soon
+    as the verdict promotes it, before the step's updates, rather than its own version at
+    its end. The weights are the same either way until the optimizer steps; offered within
+    the step, the next candidate reaches the canary a step sooner, and every step's
+    version can be a candidate instead of every other one (the promoted replicas then trail
+    the trainer by about one version less). ``published``: the newest version number the
+    publisher took."""
+    if rollout.candidate is None:
+        return False
+    seen = max([rollout.promoted, rollout.candidate, *rollout.rejected])
+    return version > seen and version > published
+
+
 def judge(batch: DataProto, spec: dict[str, Any], current_version: int,
           max_staleness: int) -> tuple[dict[str, Any], torch.Tensor]:
     """The verdict on the candidate whose rows ``batch`` carries (``spec``:

@@ -263,9 +263,12 @@ class QueueIntake:
         are delivered again later). Raises ``TimeoutError`` after ``timeout`` seconds
         without a full batch (the leased items likewise stay unacked).
 
-        Canary mode: once enough of the candidate's samples were seen, the batch is closed
-        with its held groups in it, however few groups it has (held samples count against
-        the feeder's admission bound: waiting for more could wait for ever); a candidate
+        Canary mode: once enough of the candidate's samples were seen, the batch takes its
+        held groups, is topped up with the groups at hand (the backlog, then what the queue
+        has now), and closes however few groups it has (held samples count against the
+        feeder's admission bound: waiting for more could wait for ever; closed with the
+        candidate's groups alone, as first built, every judging step trained on about half
+        a batch at the quick start's settings); a candidate
         rejected here for its error rate or reward returns a batch without ``data`` (its
         groups go back to the backlog): the trainer then offers its current weights as the
         next candidate before it leases again.
@@ -281,7 +284,9 @@ class QueueIntake:
         counts = {"dropped_stale": 0, "dropped_error": 0, "scored_failed": 0, "dropped_rejected": 0}
         held_drops = {"dropped_stale": 0, "dropped_error": 0, "dropped_rejected": 0}  # of dropped_items
         judging: dict[str, Any] | None = None  # canary mode: the candidate this batch judges
-        while len(groups) < self.train_batch_size and not (judging is not None and groups):
+        while len(groups) < self.train_batch_size:
+            # the judging batch, its candidate groups in: topped up with what is at hand, never waiting
+            closing = judging is not None and bool(groups)
             if should_stop():
                 return None
             if time.monotonic() > deadline:
@@ -303,7 +308,9 @@ class QueueIntake:
             if not got and self._backlog:
                 got, self._backlog = self._backlog[:want], self._backlog[want:]
             elif not got:
-                got = await self.queue.get(max_items=want, timeout=self.poll_s)
+                got = await self.queue.get(max_items=want, timeout=0.0 if closing else self.poll_s)
+            if closing and not got:
+                break
             for item in got:
                 if item.id in taken:
                     # our own lease, idle past lease_idle_s while this batch waited for the rest,

@@ -17,8 +17,10 @@ polls and broadcasts ``stop``; all ranks then save a checkpoint and exit 0.
 With the canary gate (``weights.rollout.mode: canary``, :mod:`trainer_svc.canary`) a batch
 may carry a candidate version's samples: the step judges them, rank 0 tells the publisher
 (promote / reject) within the step, before its updates (so before the step's own version is
-published), and a version that would go
-nowhere (a candidate is still under test) is not gathered at all. After a rejection the
+published); on a promotion, the step's starting weights -- made while the candidate was
+under test, never gathered -- are gathered and offered as the next candidate there and then
+(:func:`canary.offer_on_promotion`), and a version that would go nowhere (a candidate is
+still under test) is not gathered at all. After a rejection the
 loop follows ``on_reject``: it pauses (heartbeats only) until the rollout is resumed, or
 stops with ``REJECT_EXIT_CODE``.
 """
@@ -197,18 +199,29 @@ class TrainerService:
             t0 = time.perf_counter()
             failed: list[BaseException] = []  # rank 0: the gate's decision, made within the step
 
+            early = {"offered": False, "seconds": 0.0}  # the step's starting weights, offered within it (canary)
+
             def on_verdict(verdict: dict, removed: Any) -> None:
                 if (exc := self._decide(pending, verdict, removed)) is not None:
                     failed.append(exc)
 
-            result = self.worker.step(batch, on_verdict=None if self.gate is None else on_verdict)
+            def after_verdict(verdict: dict) -> None:  # every rank: the same control, the same verdict
+                if control.get("offer_on_promotion") and verdict["promoted"]:
+                    t = time.perf_counter()
+                    self._publish()
+                    early.update(offered=True, seconds=time.perf_counter() - t)
+
+            result = self.worker.step(batch, on_verdict=None if self.gate is None else on_verdict,
+                                      after_verdict=after_verdict)
             t1 = time.perf_counter()
             if failed:
                 raise failed[0]  # now that the step's collectives are done
             if self.gate is not None and result.canary is None:
                 self.gate.observe_step(result.metrics)  # the baseline of a judging batch without promoted rows
-            if result.applied and control.get("publish", True):
+            # offered within the step: its own version goes nowhere (that offer is the candidate now)
+            if result.applied and control.get("publish", True) and not early["offered"]:
                 self._publish()
+            t1 -= early["seconds"]  # the within-step offer counts as publishing, not computing
             t2 = time.perf_counter()
             nothing_left = result.samples == 0  # every row was a rejected candidate's: nothing to train
             if self.ctx.rank == 0:
@@ -286,7 +299,11 @@ class TrainerService:
                         control["save"] = True
                     if pending is not None and self.gate is not None:
                         # the step's version goes to nobody while a candidate is under test: skip gathering it
-                        control["publish"] = self.gate.rollout.wants_next() or canary.META_KEY in pending.data.meta_info
+                        judging = canary.META_KEY in pending.data.meta_info
+                        control["publish"] = self.gate.rollout.wants_next() or judging
+                        if judging and canary.offer_on_promotion(self.gate.rollout, self.worker.version,
+                                                                 self.gate.publisher.latest_version):
+                            control["offer_on_promotion"] = True
             wait = time.perf_counter() - t0
             self._t_wait += wait
             if self.metrics is not None:

@@ -128,13 +128,16 @@ class TrainerWorker:
 
     # ------------------------------------------------------------------------------ step
 
-    def step(self, batch: DataProto, on_verdict: Callable[[dict, torch.Tensor], None] | None = None) -> StepResult:
+    def step(self, batch: DataProto, on_verdict: Callable[[dict, torch.Tensor], None] | None = None,
+             after_verdict: Callable[[dict], None] | None = None) -> StepResult:
         """One training step on the full batch (identical on every rank). Collective.
 
         A batch that judges a canary candidate reaches its verdict once the old log-probs are
         recomputed, before the updates: ``on_verdict(verdict, removed)`` (rank 0's gate) is
         called then, so a promoted version goes to the other replicas while this step is
-        still updating, not a step later."""
+        still updating, not a step later. ``after_verdict(verdict)`` follows on every rank,
+        the parameters still the step's starting ones: the trainer may gather them there
+        (a collective) to offer them as the next candidate."""
         if len(batch) == 0:
             raise ValueError("empty training batch")
         ctx, spec = self.ctx, self.spec
@@ -151,6 +154,8 @@ class TrainerWorker:
                                             spec.async_.max_staleness)
             if on_verdict is not None:
                 on_verdict(verdict, removed)
+            if after_verdict is not None:
+                after_verdict(verdict)
             if bool(removed.any()):
                 batch = batch.select_idxs(~removed)
                 if len(batch) == 0:

@@ -508,7 +508,10 @@ class WeightPublisher(CanaryGateMixin):
             if sub is None:
                 return False
             if req.status == pb.ACK_STATUS_LOADED:
-                rollback = sub.told is not None and req.policy_version == sub.told[0]  # canary: told to go back
+                # canary mode: told to go back -- or back on the promoted version, a rollback whose
+                # load ended after the next candidate was named (the SERVE that told it is gone)
+                rollback = (sub.told is not None and req.policy_version == sub.told[0]) or (
+                    self.rollout.canary_mode and req.policy_version == self.rollout.promoted)
                 sub.served_version = req.policy_version if rollback else max(sub.served_version, req.policy_version)
             elif req.session == self.session:
                 sub.acks[(req.epoch, req.policy_version)] = req.status

@@ -157,6 +157,10 @@ class WeightReceiver:
         self.target: tuple[int, bool] | None = None
         """Canary mode: ``(version to serve, is a canary)`` as the publisher of this session last
         said (SERVE); None in mode all or before it said anything."""
+        self._told_back: set[int] = set()
+        """Canary mode: versions this session's publisher named (SERVE) below the one served --
+        rollbacks. Loading one may take longer than the publisher takes to name the next
+        candidate, so the report is checked against every rollback named, not only the last."""
         self._on_event = on_event
         """Called (from the receiver's threads, must not block) with "update" when a version
         begins, "welcome" when a publisher (re)subscribed us, "serve" when the version to serve
@@ -294,10 +298,11 @@ class WeightReceiver:
         thread (in order, one at a time), so the caller -- the vLLM worker, which the engine
         waits for -- does not wait for the publisher's answer."""
         same_line = self._served_session in (0, self._session)
-        told_back = self.target is not None and self.target[0] == version  # canary mode: a rollback
+        told_back = version in self._told_back or (self.target is not None and self.target[0] == version)
         if version < self._served and same_line and not told_back:
             raise VersionError(f"report_loaded({version}) after already serving v{self._served}")
         self._served, self._served_session = version, self._session
+        self._told_back = {v for v in self._told_back if v > version}
         if wait:
             self._ack(pb.ACK_STATUS_LOADED, 0, version)
             return
@@ -471,6 +476,7 @@ class WeightReceiver:
                 self._session, self._epoch = msg.session, 0
                 self.received_version = -1
                 self.target = None
+                self._told_back.clear()
                 self._drop_group()
                 self._drop_store()
                 self._fail_current("publisher changed", ack=False)
@@ -484,6 +490,8 @@ class WeightReceiver:
         if kind == "serve":  # of the session, not of an epoch: a promoted replica joins none
             with self._cond:
                 self.target = (msg.policy_version, msg.serve.canary)
+                if msg.policy_version < self._served:
+                    self._told_back.add(msg.policy_version)
                 self._cond.notify_all()
             self._event("serve")
             return

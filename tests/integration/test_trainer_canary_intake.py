@@ -197,3 +197,30 @@ async def test_at_max_staleness_1_parked_groups_leave_room_for_a_batch_beside_a_
     await intake.commit(pending)
     await producer.close()
     await consumer.close()
+
+
+async def test_the_judging_batch_is_topped_up_with_the_groups_at_hand_without_waiting(broker):
+    """The candidate becomes judgeable while the batch is short (here a stale group took a
+    lease's slot): the batch takes the candidate's groups, then what the queue has now, and
+    closes -- a full batch, not the candidate's groups alone. With nothing at hand it closes
+    with what it has rather than wait."""
+    producer, consumer = await _experience(broker)
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 2}))
+    pub.rollout.routed(2, "promote")
+    pub.rollout.routed(3, "canaries")
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=4, max_staleness=3, park_limit=0)
+    intake = QueueIntake(consumer, train_batch_size=2, max_staleness=3, poll_s=5.0, gate=gate)
+    await producer.put([_group("s0", 0), _group("c0", 3), _group("p0", 2)])
+    pending = await intake.next_batch(4, timeout=10)  # the first lease: s0 (4 versions behind: dropped), c0 held
+    assert pending.data.meta_info[META_KEY]["version"] == 3
+    assert list(pending.data.non_tensor_batch["uid"]) == ["c0", "c0", "p0", "p0"]
+    assert pending.dropped_stale == 2
+    gate.decide({"version": 3, "promoted": True, "reason": "", "measurements": {}})
+    await intake.commit(pending)
+    pub.rollout.routed(4, "canaries")
+    await producer.put([_group("s1", 0), _group("c1", 4)])
+    pending = await intake.next_batch(4, timeout=10)
+    assert list(pending.data.non_tensor_batch["uid"]) == ["c1", "c1"]  # nothing else at hand
+    await intake.commit(pending)
+    await producer.close()
+    await consumer.close()

@@ -183,7 +183,8 @@ def test_a_judging_batchs_verdict_is_handed_over_before_the_updates(tiny_model, 
     """Canary mode: the step that judges a candidate gives rank 0 its verdict as soon as the
     old log-probs are recomputed -- the parameters are still the step's starting ones, so
     the promoted replicas start loading the version while the step updates (2 ranks: only
-    rank 0 decides, and the step still completes on both)."""
+    rank 0 decides, and the step still completes on both); then every rank can gather those
+    starting weights, the next candidate, before the updates."""
     from trainer_svc.launch import spawn_ranks
 
     (tmp_path / "spec.json").write_text(json.dumps(_spec(tiny_model)))
@@ -192,4 +193,7 @@ def test_a_judging_batchs_verdict_is_handed_over_before_the_updates(tiny_model, 
     assert code == 0
     res = json.loads((tmp_path / "out" / "result.json").read_text())
     assert res["calls"] == [{"verdict": True, "params_unchanged": True, "version": 0, "removed": 0}]
+    # then every rank gathers the step's starting weights within the step (offered as the next candidate)
+    assert res["gathered"] == [{"verdict": True, "version": 0, "starting_weights": True}]
     assert res["result_promoted"] and res["applied"] and res["version"] == 1 and res["params_changed_after"]
+    assert res["full_changed_after"]

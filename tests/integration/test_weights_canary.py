@@ -19,6 +19,7 @@ from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
 from services.weights import WeightPublisher, WeightReceiver
+from services.weights.errors import VersionError
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -113,6 +114,23 @@ def test_candidates_reach_the_canary_only_and_promotions_everyone(mesh):
     assert st.events[-1].measurements["logprob_gap"] == pytest.approx(0.4)
     assert {r.replica_id: (r.canary, r.target_version) for r in st.replicas} == {
         canary: (True, 1), other: (False, 1), "serve": (False, 1)}
+
+    # a rollback that finishes after the next candidate was named: its report is still a rollback
+    t, out = publish(pub, 4)
+    list(rxs[canary].wait_for_update(timeout=10).tensors())
+    t.join(10)
+    rxs[canary].report_loaded(4)
+    pub.reject(4, "logprob_gap 0.5 vs promoted 0.02")
+    until(lambda: rxs[canary].target == (1, True), "the canary told to roll back again")
+    t, out = publish(pub, 5)  # the next candidate, named before the canary finished rolling back
+    until(lambda: rxs[canary].target == (5, True), "the canary told of v5")
+    rxs[canary].report_loaded(1)
+    until(lambda: pub.replicas()[canary].served_version == 1, "the publisher sees the late rollback")
+    list(rxs[canary].wait_for_update(timeout=10).tensors())
+    t.join(10)
+    rxs[canary].report_loaded(5)
+    with pytest.raises(VersionError, match="after already serving"):
+        rxs[canary].report_loaded(1)  # that rollback is over: going back now is refused
 
 
 def test_a_late_joiner_gets_the_promoted_snapshot_and_a_paused_rollout_resumes_over_grpc(mesh):

@@ -114,7 +114,8 @@ def reuse_check(worker, ctx, spec, vocab: int, out: Path) -> int:
 def canary_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     """A batch that judges candidate v0 (rows of v0, replica log-probs near the trainer's):
     rank 0 records, when its ``on_verdict`` is called, whether the parameters were still
-    the step's starting ones; every rank reports the step's verdict."""
+    the step's starting ones; every rank gathers the full parameters in ``after_verdict``
+    (the trainer's within-step offer of them) and reports the step's verdict."""
     import torch
     import torch.distributed as dist
 
@@ -127,18 +128,27 @@ def canary_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     def shards():  # this rank's shards (comparing DTensors would be a collective, and rank 0 alone checks)
         return {name: getattr(t, "to_local", lambda t=t: t)().detach() for name, t in worker.model.named_parameters()}
 
+    def full_checksum():  # every rank: gathers the full parameters (a collective, as the trainer's publish)
+        return sum(float(t.double().sum()) for _, t in worker.full_params())
+
     before = {name: t.clone() for name, t in shards().items()}
-    calls = []
+    start_checksum = full_checksum()
+    calls, gathered = [], []
 
     def on_verdict(verdict, removed):
         unchanged = all(torch.equal(t, before[name]) for name, t in shards().items())
         calls.append({"verdict": verdict["promoted"], "params_unchanged": unchanged, "version": worker.version,
                       "removed": int(removed.sum())})
 
-    res = worker.step(batch, on_verdict=on_verdict if ctx.rank == 0 else None)
+    def after_verdict(verdict):  # every rank, as the trainer offers the step's starting weights
+        gathered.append({"verdict": verdict["promoted"], "version": worker.version,
+                         "starting_weights": full_checksum() == start_checksum})
+
+    res = worker.step(batch, on_verdict=on_verdict if ctx.rank == 0 else None, after_verdict=after_verdict)
     changed = any(not torch.equal(t, before[name]) for name, t in shards().items())
-    report = {"calls": calls, "result_promoted": res.canary["promoted"], "applied": res.applied,
-              "version": res.version, "params_changed_after": changed}
+    report = {"calls": calls, "gathered": gathered, "result_promoted": res.canary["promoted"],
+              "applied": res.applied, "version": res.version, "params_changed_after": changed,
+              "full_changed_after": full_checksum() != start_checksum}
     if ctx.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(report))

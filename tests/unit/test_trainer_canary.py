@@ -193,3 +193,25 @@ def test_weights_held_back_by_a_pause_are_offered_under_the_next_number_after_th
     r.resume("an operator")
     assert next_offer(r, 5, published=5, offered_again=-1, max_staleness=3) == "renumber"
     assert next_offer(r, 6, published=5, offered_again=-1, max_staleness=3) == "new"
+
+
+def test_the_judging_step_offers_its_starting_weights_only_when_they_never_reached_the_gate():
+    from services.weights.promotion import RolloutState
+    from trainer_svc.canary import offer_on_promotion
+
+    r = RolloutState(RolloutGateConfig(mode="canary"))
+    r.routed(0, "promote")
+    assert not offer_on_promotion(r, 1, published=0)  # no candidate under test: nothing to judge
+    r.routed(1, "canaries")
+    # the trainer stepped to v2 while v1 was under test (v2 never gathered): offered on the promotion
+    assert offer_on_promotion(r, 2, published=1)
+    # the candidate is the trainer's own weights (it judged before stepping): they went out already
+    assert not offer_on_promotion(r, 1, published=1)
+    # v2's number was taken by a publish held back meanwhile: left to the end of the step (renumbered there)
+    assert not offer_on_promotion(r, 2, published=2)
+    r.promote(1)
+    r.routed(3, "canaries")
+    r.reject(3, "logprob_gap")
+    r.routed(4, "canaries")
+    assert not offer_on_promotion(r, 3, published=4)  # older than what the gate has seen
+    assert offer_on_promotion(r, 5, published=4)
