@@ -124,11 +124,13 @@ class CanaryGate:
     :class:`~services.weights.publisher.WeightPublisher`."""
 
     def __init__(self, cfg: RolloutGateConfig, publisher: Any, batch_samples: int, max_staleness: int = 1,
-                 park_limit: int = 0) -> None:
+                 park_limit: int = 0, window: int = 0) -> None:
         self.cfg = cfg
         self.max_staleness = max_staleness
         self.park_limit = park_limit
         """Promoted versions' groups kept at most for a judging batch (see :meth:`park`)."""
+        self.window = window
+        """The feeder's admission bound in prompts (``async.max_in_flight``; 0: unknown)."""
         self.publisher = publisher
         self.rollout = publisher.rollout
         self.needed = cfg.samples_to_decide(batch_samples)
@@ -192,6 +194,14 @@ class CanaryGate:
         gap = metrics.get(GAP_METRIC)
         if gap is not None and math.isfinite(gap):
             self.last_gap = gap
+
+    def can_fill(self, batch_groups: int) -> bool:
+        """Whether a judging batch may wait for a whole batch: the groups still held (not in
+        it) leave the admission window room for ``batch_groups`` unfinished prompts, so the
+        rest of the batch can still be admitted, made and delivered. Else it closes with the
+        groups at hand (waiting could wait for ever)."""
+        held = len(self.candidate.held) if self.candidate is not None else 0
+        return self.window - held >= batch_groups
 
     def is_held(self, entry_id: str) -> bool:
         return self.candidate is not None and entry_id in self.candidate.held

@@ -264,11 +264,13 @@ class QueueIntake:
         without a full batch (the leased items likewise stay unacked).
 
         Canary mode: once enough of the candidate's samples were seen, the batch takes its
-        held groups, is topped up with the groups at hand (the backlog, then what the queue
-        has now), and closes however few groups it has (held samples count against the
-        feeder's admission bound: waiting for more could wait for ever; closed with the
-        candidate's groups alone, as first built, every judging step trained on about half
-        a batch at the quick start's settings); a candidate
+        held groups and fills as any other while the admission window has room for the rest
+        of it beside the groups still held (:meth:`CanaryGate.can_fill`); without that room
+        it is topped up with the groups at hand (the backlog, then what the queue has now)
+        and closes however few groups it has (held samples count against the feeder's
+        admission bound: waiting for more could wait for ever). Closed at once, as first
+        built, judging steps trained on a third to a half of a batch at the quick start's
+        settings, and every short step spent a version of the staleness budget; a candidate
         rejected here for its error rate or reward returns a batch without ``data`` (its
         groups go back to the backlog): the trainer then offers its current weights as the
         next candidate before it leases again.
@@ -285,8 +287,9 @@ class QueueIntake:
         held_drops = {"dropped_stale": 0, "dropped_error": 0, "dropped_rejected": 0}  # of dropped_items
         judging: dict[str, Any] | None = None  # canary mode: the candidate this batch judges
         while len(groups) < self.train_batch_size:
-            # the judging batch, its candidate groups in: topped up with what is at hand, never waiting
-            closing = judging is not None and bool(groups)
+            # the judging batch, its candidate groups in: filled as any batch while the admission
+            # window has room for the rest of it, else topped up with what is at hand, never waiting
+            closing = judging is not None and bool(groups) and not self.gate.can_fill(self.train_batch_size)
             if should_stop():
                 return None
             if time.monotonic() > deadline:

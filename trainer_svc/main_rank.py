@@ -65,9 +65,10 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
 
                 per_batch = spec.data.train_batch_size * spec.rollout.n
                 needed_groups = -(-spec.weights.rollout.samples_to_decide(per_batch) // spec.rollout.n)
+                window = spec.async_.max_in_flight_for(spec.data.train_batch_size)
                 gate = CanaryGate(spec.weights.rollout, publisher, per_batch, max_staleness=spec.async_.max_staleness,
-                                  park_limit=park_limit(spec.async_.max_in_flight_for(spec.data.train_batch_size),
-                                                        spec.data.train_batch_size, needed_groups))
+                                  park_limit=park_limit(window, spec.data.train_batch_size, needed_groups),
+                                  window=window)
         source = _make_source(spec, worker.model.config.vocab_size, consumer, gate)
     def announce() -> None:
         addresses = {"metrics": f"{server.host}:{server.port}"}

@@ -4,6 +4,8 @@ dropped and counted wherever they turn up -- never trained."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -221,6 +223,34 @@ async def test_the_judging_batch_is_topped_up_with_the_groups_at_hand_without_wa
     await producer.put([_group("s1", 0), _group("c1", 4)])
     pending = await intake.next_batch(4, timeout=10)
     assert list(pending.data.non_tensor_batch["uid"]) == ["c1", "c1"]  # nothing else at hand
+    await intake.commit(pending)
+    await producer.close()
+    await consumer.close()
+
+
+async def test_a_judging_batch_fills_like_any_other_while_the_window_has_room_for_it(broker):
+    """With room in the admission window for a whole batch beside what the gate still holds,
+    the judging batch waits for its groups as any batch does (a short judging step would
+    train less and spend a version of the staleness budget for it)."""
+    producer, consumer = await _experience(broker)
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 2}))
+    pub.rollout.routed(2, "promote")
+    pub.rollout.routed(3, "canaries")
+    gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=6, max_staleness=3, park_limit=0, window=6)
+    assert gate.can_fill(3)
+    intake = QueueIntake(consumer, train_batch_size=3, max_staleness=3, poll_s=0.2, gate=gate)
+    await producer.put([_group("s0", 0), _group("c0", 3), _group("p0", 2)])
+    task = asyncio.ensure_future(intake.next_batch(4, timeout=30))
+    for _ in range(50):  # until the intake took the three items (s0 dropped, c0 judged, p0 in the batch)
+        await asyncio.sleep(0.1)
+        if gate.candidate is not None and gate.candidate.judging:
+            break
+    await asyncio.sleep(0.5)  # a few polls of the queue
+    assert gate.candidate.judging and not task.done(), "the judging batch closed short although the window had room"
+    await producer.put([_group("p1", 2)])
+    pending = await task
+    assert pending.data.meta_info[META_KEY]["version"] == 3
+    assert sorted(set(pending.data.non_tensor_batch["uid"])) == ["c0", "p0", "p1"]
     await intake.commit(pending)
     await producer.close()
     await consumer.close()
