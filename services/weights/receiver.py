@@ -297,12 +297,13 @@ class WeightReceiver:
         The check is done here; with ``wait=False`` the ``Ack`` RPC is sent by a background
         thread (in order, one at a time), so the caller -- the vLLM worker, which the engine
         waits for -- does not wait for the publisher's answer."""
-        same_line = self._served_session in (0, self._session)
-        told_back = version in self._told_back or (self.target is not None and self.target[0] == version)
-        if version < self._served and same_line and not told_back:
-            raise VersionError(f"report_loaded({version}) after already serving v{self._served}")
-        self._served, self._served_session = version, self._session
-        self._told_back = {v for v in self._told_back if v > version}
+        with self._cond:  # SERVE messages update target and _told_back under it
+            same_line = self._served_session in (0, self._session)
+            told_back = version in self._told_back or (self.target is not None and self.target[0] == version)
+            if version < self._served and same_line and not told_back:
+                raise VersionError(f"report_loaded({version}) after already serving v{self._served}")
+            self._served, self._served_session = version, self._session
+            self._told_back = {v for v in self._told_back if v > version}
         if wait:
             self._ack(pb.ACK_STATUS_LOADED, 0, version)
             return

@@ -24,6 +24,15 @@ def _group(uid: str, version: int, n: int = 2):
     return g
 
 
+def _publisher(promoted: int, candidate: int, promote_after_samples: int) -> WeightPublisher:
+    """A canary-mode publisher (never started) with ``promoted`` served and ``candidate`` under test."""
+    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={
+        "mode": "canary", "promote_after_samples": promote_after_samples}))
+    pub.rollout.routed(promoted, "promote")
+    pub.rollout.routed(candidate, "canaries")
+    return pub
+
+
 async def _experience(broker):
     """A producer and the trainer's consumer of the experience stream on ``broker``."""
     cfg = EmbeddedQueueConfig(address=broker.address, op_timeout_s=5.0, put_timeout_s=10.0, lease_idle_s=0)
@@ -35,9 +44,7 @@ async def _experience(broker):
 
 async def test_a_rejected_candidates_samples_are_held_judged_and_dropped_never_trained(broker):
     producer, consumer = await _experience(broker)
-    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 4}))
-    pub.rollout.routed(0, "promote")
-    pub.rollout.routed(1, "canaries")  # v1 is the candidate at the canary
+    pub = _publisher(0, 1, promote_after_samples=4)  # v1 is the candidate at the canary
     gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=4)
     intake = QueueIntake(consumer, train_batch_size=2, max_staleness=2, poll_s=0.2, gate=gate)
     await producer.put([_group("c0", 1), _group("c1", 1), _group("p0", 0), _group("p1", 0), _group("p2", 0)])
@@ -81,9 +88,7 @@ async def test_a_rejected_candidates_samples_are_held_judged_and_dropped_never_t
 
 async def test_a_promoted_candidates_samples_are_trained_and_the_next_version_is_the_next_candidate(broker):
     producer, consumer = await _experience(broker)
-    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 2}))
-    pub.rollout.routed(0, "promote")
-    pub.rollout.routed(3, "canaries")
+    pub = _publisher(0, 3, promote_after_samples=2)
     gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=4)
     intake = QueueIntake(consumer, train_batch_size=2, max_staleness=4, poll_s=0.2, gate=gate)
     await producer.put([_group("c0", 3), _group("p0", 0), _group("c1", 3), _group("p1", 0)])
@@ -140,9 +145,7 @@ async def test_a_trainer_max_staleness_past_the_promoted_version_waits_for_the_v
     promoted items are kept for the judging batch (and trained there) instead, up to the
     park limit; past it the trainer takes them as usual (it never waits for ever)."""
     producer, consumer = await _experience(broker)
-    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 4}))
-    pub.rollout.routed(0, "promote")
-    pub.rollout.routed(1, "canaries")
+    pub = _publisher(0, 1, promote_after_samples=4)
     gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=8, max_staleness=2, park_limit=2)
     intake = QueueIntake(consumer, train_batch_size=4, max_staleness=2, poll_s=0.2, gate=gate)
     await producer.put([_group("p0", 0), _group("p1", 0), _group("p2", 0), _group("c0", 1), _group("c1", 1)])
@@ -177,9 +180,7 @@ async def test_at_max_staleness_1_parked_groups_leave_room_for_a_batch_beside_a_
     first rule) left three groups to a four-group batch, and the trainer waited for ever.
     The park limit leaves room for a whole batch beside the candidate's groups."""
     producer, consumer = await _experience(broker)
-    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 4}))
-    pub.rollout.routed(0, "promote")
-    pub.rollout.routed(1, "canaries")
+    pub = _publisher(0, 1, promote_after_samples=4)
     batch_groups, window = 4, 8  # (max_staleness + 1) * train_batch_size
     limit = park_limit(window, batch_groups, needed_groups=2)  # 4 samples of groups of 2
     assert limit == 2
@@ -207,9 +208,7 @@ async def test_the_judging_batch_is_topped_up_with_the_groups_at_hand_without_wa
     closes -- a full batch, not the candidate's groups alone. With nothing at hand it closes
     with what it has rather than wait."""
     producer, consumer = await _experience(broker)
-    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 2}))
-    pub.rollout.routed(2, "promote")
-    pub.rollout.routed(3, "canaries")
+    pub = _publisher(2, 3, promote_after_samples=2)
     gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=4, max_staleness=3, park_limit=0)
     intake = QueueIntake(consumer, train_batch_size=2, max_staleness=3, poll_s=5.0, gate=gate)
     await producer.put([_group("s0", 0), _group("c0", 3), _group("p0", 2)])
@@ -233,9 +232,7 @@ async def test_a_judging_batch_fills_like_any_other_while_the_window_has_room_fo
     the judging batch waits for its groups as any batch does (a short judging step would
     train less and spend a version of the staleness budget for it)."""
     producer, consumer = await _experience(broker)
-    pub = WeightPublisher(WeightChannelConfig(control_port=0, rollout={"mode": "canary", "promote_after_samples": 2}))
-    pub.rollout.routed(2, "promote")
-    pub.rollout.routed(3, "canaries")
+    pub = _publisher(2, 3, promote_after_samples=2)
     gate = CanaryGate(pub.cfg.rollout, pub, batch_samples=6, max_staleness=3, park_limit=0, window=6)
     assert gate.can_fill(3)
     intake = QueueIntake(consumer, train_batch_size=3, max_staleness=3, poll_s=0.2, gate=gate)
