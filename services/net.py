@@ -53,6 +53,47 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+class PortReservations:
+    """Ports picked here for servers other processes will start, kept from other pickers.
+
+    ``free_port``'s answer holds only for a moment. Between the pick and the server's bind
+    (seconds, for a service that imports torch first) another picker on the machine (a
+    trainer choosing its ranks' rendezvous port, a second job) can choose the same port, and
+    one of the two servers then fails with EADDRINUSE. A reservation is a socket bound to the
+    port and never listening. ``free_port``'s probe, a bind without SO_REUSEADDR, fails on
+    it, so no other picker takes the port. The server binds beside it, because it sets
+    SO_REUSEADDR, as http.server, gRPC, c10d's TCPStore and redis-server all do on Linux.
+    Hold the reservations for as long as a server may be restarted on its port.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, int], socket.socket] = {}
+
+    def take(self, host: str = "127.0.0.1") -> int:
+        """A port free now, held for this object's owner until ``close``."""
+        for _ in range(16):
+            port = free_port(host)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))  # exclusive: fails if anyone took it since the probe
+            except OSError:
+                sock.close()
+                continue
+            # after the bind: later binds with SO_REUSEADDR (the real server's) may share it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._held[(host, port)] = sock
+            return port
+        raise OSError(f"no port on {host} could be reserved")
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def close(self) -> None:
+        for sock in self._held.values():
+            sock.close()
+        self._held.clear()
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     """True when ``host:port`` accepts a TCP connection within ``timeout`` seconds."""
     try:

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from services.net import free_port
+from services.net import PortReservations
 from services.placement import available_cpus
 
 
@@ -58,7 +58,8 @@ def spawn_ranks(
     ``threads``: OMP threads per rank (0 = its CPUs // nproc). ``timeout_s``: kill everything
     and return 124 if the ranks have not all exited by then.
     """
-    port = free_port()
+    reserved = PortReservations()  # held while the ranks live: rank 0's store binds beside it
+    port = reserved.take()
     per_rank = threads or max(1, len(available_cpus()) // nproc)
     procs = [
         subprocess.Popen([sys.executable, *argv], env=rank_env(r, nproc, port, per_rank, env))
@@ -90,6 +91,7 @@ def spawn_ranks(
         for s, h in old.items():
             signal.signal(s, h)
         _stop(procs, grace_s)
+        reserved.close()
     return code
 
 

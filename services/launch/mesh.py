@@ -30,7 +30,7 @@ from services.config.weights import REJECT_EXIT_CODE
 from services.launch.procs import ServiceFailed, ServiceProcess, kill_adopted, log_tail, python_module_argv
 from services.launch.supervision import Supervisor
 from services.metrics.scrape import http_get
-from services.net import free_port
+from services.net import PortReservations
 
 log = logging.getLogger("meshrl.run")
 
@@ -58,6 +58,9 @@ class ServiceMesh:
         self.silent: list[str] = []  # services whose /health did not answer in the last probe
         self.stopping = False
         self._instance_views: dict[str, Any] = {}
+        # the ports picked here stay reserved until the job ends: a restarted service binds
+        # its port again, and no other picker on the machine takes it in between
+        self.ports = PortReservations()
         self._trainer_weights: dict[str, Any] = {}
         self._node_ports: dict[tuple[str, str], list[int]] = {}
         self._trainer_placed = threading.Event()
@@ -75,15 +78,15 @@ class ServiceMesh:
         # A local job owns its ports: fixed defaults (meant for one service per container)
         # would let two jobs on one machine collide.
         job.weights = job.weights.model_copy(update={
-            "host": host, "control_port": free_port(host), "rendezvous_port": free_port(host),
+            "host": host, "control_port": self.ports.take(host), "rendezvous_port": self.ports.take(host),
             "snapshot_dir": job.weights.snapshot_dir or str(self.run_dir / "snapshots"),
         })  # fmt: skip
         job.trainer.default_local_dir = str(self.run_dir / job.trainer.default_local_dir)
         job.trainer.metrics_file = str(self.metrics_file)
         # Fixed metrics ports: a restarted service comes back where the supervisor looks.
         sv = job.services
-        sv.trainer.metrics_port = sv.trainer.metrics_port or free_port(host)
-        sv.feeder.metrics_port = sv.feeder.metrics_port or free_port(host)
+        sv.trainer.metrics_port = sv.trainer.metrics_port or self.ports.take(host)
+        sv.feeder.metrics_port = sv.feeder.metrics_port or self.ports.take(host)
         self.views = views = derive_views(job)
         cfg_dir = self.run_dir / "config"
         out = {"trainer": write_view(views["trainer"], cfg_dir / "trainer.yaml")}
@@ -94,7 +97,8 @@ class ServiceMesh:
                 res = view.resources
                 # several replicas on one host: fixed ports become consecutive ranges
                 ports = {k: getattr(res, k) + i for k in ("grpc_port", "metrics_port") if getattr(res, k)}
-                ports.setdefault("metrics_port", free_port(host))
+                if "metrics_port" not in ports:
+                    ports["metrics_port"] = self.ports.take(host)
                 one = view.model_copy(update={"resources": res.model_copy(update=ports)})
                 out[f"{kind}-{i}"] = write_view(one, cfg_dir / f"{kind}-{i}.yaml")
                 self._instance_views[f"{kind}-{i}"] = one
@@ -286,6 +290,7 @@ class ServiceMesh:
             t.start()
         for t in threads:
             t.join()
+        self.ports.close()
         leftovers = kill_adopted()
         if leftovers:  # vLLM engine helpers outliving their replica by a moment: expected, nothing to do
             log.info("killed %d leftover descendant process(es) of the job's services", len(leftovers))
