@@ -178,7 +178,9 @@ async def serve_target(replica: Replica, st: dict, session: int, timeout_s: floa
         await notes.wait(poll_s)
         return True
     newer = target > engine.version and not replica.other_line(session) and not engine.weights_dirty
-    if (canary and newer and expected.waiting((session, target), timeout_s)) or (session, target) in refused:
+    # a canary waits for its candidate's broadcast, unless the publisher said it went out without it
+    wait = canary and newer and not st.get("target_from_snapshot")
+    if (wait and expected.waiting((session, target), timeout_s)) or (session, target) in refused:
         await notes.wait(min(poll_s, 1.0))  # the candidate's broadcast is on its way
         return True
     res = await engine.load_channel_snapshot(target, timeout_s, _set_session(replica, session), abort=canary)

@@ -310,6 +310,7 @@ class WorkerWeightStream:
         return {
             "target_version": None if target is None else target[0],  # canary mode: the version to serve
             "canary": None if target is None else target[1],
+            "target_from_snapshot": self.rx.target_from_snapshot,  # its broadcast went out without us
             "session": self.rx.session,
             "latest_version": self.rx.latest_version,
             "snapshot_version": self.rx.snapshot_version,

@@ -71,12 +71,17 @@ class CanaryGateMixin:
         with self._lock:
             subs = [s for s in self._subs.values() if s.connected]
             self.rollout.assign((s.replica_id, s.promoted_only) for s in subs)
+            out = self._candidate_out
             for s in subs:
                 target = self.rollout.target(s.replica_id)
-                if target is not None and target != s.told:
-                    s.told = target
+                if target is None:
+                    continue
+                # the candidate's broadcast is over and did not reach this canary: no use waiting
+                told = (*target, target[1] and out is not None and out[0] == target[0] and s not in out[1])
+                if told != s.told:
+                    s.told = told
                     s.outbox.put(control(K.CONTROL_KIND_SERVE, self.session, 0, target[0],
-                                         serve=pb.Serve(canary=target[1])))
+                                         serve=pb.Serve(canary=told[1], from_snapshot=told[2])))
         if self._metrics is not None:
             self._metrics.rollout(self.rollout, {s.replica_id: self.rollout.is_canary(s.replica_id) for s in subs})
 

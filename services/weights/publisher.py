@@ -72,7 +72,7 @@ class _Subscriber:
     serve_dtype: str = ""
     acks: dict[tuple[int, int], int] = field(default_factory=dict)
     promoted_only: bool = False
-    told: tuple[int, bool] | None = None  # the last SERVE sent: (version, canary)
+    told: tuple[int, bool, bool] | None = None  # the last SERVE sent: (version, canary, from_snapshot)
 
 
 class WeightPublisher(CanaryGateMixin):
@@ -92,6 +92,9 @@ class WeightPublisher(CanaryGateMixin):
         self._group: DataGroup | None = None
         self._members: list[_Subscriber] = []
         self._join_failed: list[str] = []
+        self._candidate_out: tuple[int, set[_Subscriber]] | None = None
+        """Canary mode: the last candidate whose broadcast ended, and the subscribers it
+        reached. A canary seated after it (the first canary died) loads it from the snapshot."""
         self._retired: list[DataGroup] = []  # closed groups, released in the background
         self._arena = SnapshotArena() if cfg.snapshot else None
         self._rotating = RotatingBuffers(self.device, slots=cfg.pipeline_depth + 1)
@@ -295,6 +298,8 @@ class WeightPublisher(CanaryGateMixin):
                 arena.commit(version, keep)
             with self._lock:
                 self.rollout.routed(version, route)
+                if route == "canaries":
+                    self._candidate_out = (version, {s for s in members if s.replica_id in delivered})
             if route == "promote":
                 self._pin()
             self._sync_targets()

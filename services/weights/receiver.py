@@ -157,6 +157,9 @@ class WeightReceiver:
         self.target: tuple[int, bool] | None = None
         """Canary mode: ``(version to serve, is a canary)`` as the publisher of this session last
         said (SERVE); None in mode all or before it said anything."""
+        self.target_from_snapshot = False
+        """Canary mode: the publisher said the target's broadcast is over without this replica
+        (SERVE's ``from_snapshot``): load it from the snapshot instead of waiting for it."""
         self._told_back: set[int] = set()
         """Canary mode: versions this session's publisher named (SERVE) below the one served --
         rollbacks. Loading one may take longer than the publisher takes to name the next
@@ -476,7 +479,7 @@ class WeightReceiver:
             if msg.session != self._session:  # a (new) publisher: epochs and versions start over
                 self._session, self._epoch = msg.session, 0
                 self.received_version = -1
-                self.target = None
+                self.target, self.target_from_snapshot = None, False
                 self._told_back.clear()
                 self._drop_group()
                 self._drop_store()
@@ -491,6 +494,7 @@ class WeightReceiver:
         if kind == "serve":  # of the session, not of an epoch: a promoted replica joins none
             with self._cond:
                 self.target = (msg.policy_version, msg.serve.canary)
+                self.target_from_snapshot = msg.serve.from_snapshot
                 if msg.policy_version < self._served:
                     self._told_back.add(msg.policy_version)
                 self._cond.notify_all()

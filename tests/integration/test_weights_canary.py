@@ -83,6 +83,7 @@ def test_candidates_reach_the_canary_only_and_promotions_everyone(mesh):
     t.join(10)
     assert out["report"].route == "canaries" and out["report"].delivered == [canary]
     assert float(got["w"][0]) == 1.0 and rxs[canary].target == (1, True)
+    assert not rxs[canary].target_from_snapshot  # it was seated before the broadcast: it gets it
     assert rxs[other].wait_for_update(timeout=0.5) is None and rxs["serve"].wait_for_update(timeout=0.1) is None
     assert snapshot_w(rxs[canary]) == (1, 1.0) and snapshot_w(rxs[other]) == (0, 0.0)
 
@@ -131,6 +132,36 @@ def test_candidates_reach_the_canary_only_and_promotions_everyone(mesh):
     rxs[canary].report_loaded(5)
     with pytest.raises(VersionError, match="after already serving"):
         rxs[canary].report_loaded(1)  # that rollback is over: going back now is refused
+
+
+def test_a_canary_seated_after_its_candidates_broadcast_is_told_to_load_the_snapshot(mesh):
+    """The canary dies with a candidate under test: the replica that takes its seat must not
+    wait for a broadcast that went to the dead one (it used to, until transfer_timeout_s)."""
+    pub, rxs = mesh
+    t, _ = publish(pub, 0, promote=True)
+    t.join(10)
+    until(lambda: any(rx.target and rx.target[1] for rx in rxs.values()), "a canary seated")
+    canary = next(n for n, rx in rxs.items() if rx.target and rx.target[1])
+    other = ({"rollout-0", "rollout-1"} - {canary}).pop()
+    t, out = publish(pub, 1)
+    list(rxs[canary].wait_for_update(timeout=10).tensors())
+    t.join(10)
+    assert out["report"].delivered == [canary] and rxs[other].target == (0, False)
+    rxs[canary].close()  # killed
+    until(lambda: rxs[other].target == (1, True), "the other replica seated as the canary")
+    assert rxs[other].target_from_snapshot, "told the broadcast went out without it"
+    assert snapshot_w(rxs[other]) == (1, 1.0)
+    rxs[other].report_loaded(1)
+    until(lambda: pub.replicas()[other].served_version == 1, "the publisher sees the new canary on v1")
+    assert rxs["serve"].target == (0, False), "the candidate never reaches the promoted-only subscriber"
+    # the next candidate is broadcast to the new canary as usual
+    pub.promote(1, {"logprob_gap": 0.01})
+    t, out = publish(pub, 2)
+    list(rxs[other].wait_for_update(timeout=10).tensors())
+    t.join(10)
+    assert out["report"].delivered == [other]
+    until(lambda: rxs[other].target == (2, True), "the new canary told of v2")
+    assert not rxs[other].target_from_snapshot
 
 
 def test_a_late_joiner_gets_the_promoted_snapshot_and_a_paused_rollout_resumes_over_grpc(mesh):
