@@ -306,11 +306,11 @@ class WorkerWeightStream:
         except WeightChannelError as e:
             fatal, fatal_kind = str(e), ("version" if isinstance(e, VersionError) else "channel")
         p = self._pending
-        target = self.rx.target
+        serve = self.rx.serve  # one SERVE message's fields, read once
         return {
-            "target_version": None if target is None else target[0],  # canary mode: the version to serve
-            "canary": None if target is None else target[1],
-            "target_from_snapshot": self.rx.target_from_snapshot,  # its broadcast went out without us
+            "target_version": None if serve is None else serve[0],  # canary mode: the version to serve
+            "canary": None if serve is None else serve[1],
+            "target_from_snapshot": serve is not None and serve[2],  # its broadcast went out without us
             "session": self.rx.session,
             "latest_version": self.rx.latest_version,
             "snapshot_version": self.rx.snapshot_version,

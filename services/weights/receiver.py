@@ -154,12 +154,11 @@ class WeightReceiver:
         """Announced to the publisher: the dtype this replica serves (see weights.wire_dtype)."""
         self.promoted_only = promoted_only
         """Announced to the publisher: never a canary, only promoted versions (the live-policy endpoint)."""
-        self.target: tuple[int, bool] | None = None
-        """Canary mode: ``(version to serve, is a canary)`` as the publisher of this session last
-        said (SERVE); None in mode all or before it said anything."""
-        self.target_from_snapshot = False
-        """Canary mode: the publisher said the target's broadcast is over without this replica
-        (SERVE's ``from_snapshot``): load it from the snapshot instead of waiting for it."""
+        self.serve: tuple[int, bool, bool] | None = None
+        """Canary mode: ``(version to serve, is a canary, from_snapshot)`` as the publisher of
+        this session last said (SERVE), replaced whole so a reader never mixes two messages;
+        ``from_snapshot``: the version's broadcast is over without this replica, load it from
+        the snapshot instead of waiting for it. None in mode all or before it said anything."""
         self._told_back: set[int] = set()
         """Canary mode: versions this session's publisher named (SERVE) below the one served --
         rollbacks. Loading one may take longer than the publisher takes to name the next
@@ -302,7 +301,7 @@ class WeightReceiver:
         waits for -- does not wait for the publisher's answer."""
         with self._cond:  # SERVE messages update target and _told_back under it
             same_line = self._served_session in (0, self._session)
-            told_back = version in self._told_back or (self.target is not None and self.target[0] == version)
+            told_back = version in self._told_back or (self.serve is not None and self.serve[0] == version)
             if version < self._served and same_line and not told_back:
                 raise VersionError(f"report_loaded({version}) after already serving v{self._served}")
             self._served, self._served_session = version, self._session
@@ -473,13 +472,24 @@ class WeightReceiver:
             if ack:
                 self._ack(pb.ACK_STATUS_FAILED, u.epoch, u.version, reason)
 
+    @property
+    def target(self) -> tuple[int, bool] | None:
+        """Canary mode: ``(version to serve, is a canary)`` of the last SERVE (see ``serve``)."""
+        serve = self.serve
+        return None if serve is None else serve[:2]
+
+    @property
+    def target_from_snapshot(self) -> bool:
+        serve = self.serve
+        return serve is not None and serve[2]
+
     def _handle(self, msg: pb.ControlMessage) -> None:
         kind = check_control(msg)
         if kind == "welcome":
             if msg.session != self._session:  # a (new) publisher: epochs and versions start over
                 self._session, self._epoch = msg.session, 0
                 self.received_version = -1
-                self.target, self.target_from_snapshot = None, False
+                self.serve = None
                 self._told_back.clear()
                 self._drop_group()
                 self._drop_store()
@@ -493,8 +503,7 @@ class WeightReceiver:
             return  # left over from an earlier publisher
         if kind == "serve":  # of the session, not of an epoch: a promoted replica joins none
             with self._cond:
-                self.target = (msg.policy_version, msg.serve.canary)
-                self.target_from_snapshot = msg.serve.from_snapshot
+                self.serve = (msg.policy_version, msg.serve.canary, msg.serve.from_snapshot)
                 if msg.policy_version < self._served:
                     self._told_back.add(msg.policy_version)
                 self._cond.notify_all()
