@@ -10,12 +10,15 @@ canaries' samples of it, in three places:
    ``promote_after_samples`` of them were seen, the error and reward bounds are checked;
    failing one rejects the candidate at once, else the held groups go into the next batch,
    marked for evaluation (``meta_info["canary"]``).
-2. **Step** (every rank, :func:`judge`): after the old log-probs are recomputed, the mean
-   log-prob gap ``|log p_trainer - log p_rollout|`` of the candidate's sampled tokens is
-   compared with that of the promoted versions' rows of the same batch (the same weights
-   judge both; without such rows, with the last step's gap). The verdict is
-   computed from the broadcast batch alone, so every rank reaches the same one; a rejected
-   candidate's rows leave the batch before the advantages and the update.
+2. **Step** (every rank, :func:`judge`): the mean log-prob gap
+   ``|log p_trainer - log p_rollout|`` of the candidate's sampled tokens, recomputed with the
+   candidate's own weights (each rank keeps its shards of every version it offers,
+   ``TrainerWorker.keep_offered``), is compared with the gap the promoted version had when
+   it was judged so; where those weights are not kept, with the step's current weights,
+   against the promoted versions' rows of the same batch (without such rows, the last
+   step's gap). The verdict is computed from the broadcast batch alone, so every rank
+   reaches the same one; a rejected candidate's rows leave the batch before the advantages
+   and the update.
 3. **Within the step**, once the verdict is in and before the updates (rank 0,
    :meth:`CanaryGate.decide`): the publisher promotes or rejects; a rejection is logged
    with its measurements and the job follows ``on_reject``.
@@ -139,6 +142,9 @@ class CanaryGate:
         self.candidate: Candidate | None = None
         self.released: list[Any] = []  # held items whose version was decided: screen them again
         self.last_gap: float | None = None  # the promoted rows' log-prob gap of the last step
+        self.reference_gap: float | None = None
+        """The promoted version's log-prob gap when it was judged at lag 0 (None: not known):
+        what the next candidate judged at lag 0 is compared with (:func:`judge`)."""
         self.failed = ""  # on_reject=fail: why (the trainer stops)
 
     # ------------------------------------------------------------------ intake
@@ -241,7 +247,8 @@ class CanaryGate:
             del c.held[it.id]
             c.parked.discard(it.id)
         return items, {"version": c.version, "max_logprob_gap_increase": self.cfg.max_logprob_gap_increase,
-                       "promoted_logprob_gap": self.last_gap, "measurements": measurements}
+                       "promoted_logprob_gap": self.last_gap, "reference_gap": self.reference_gap,
+                       "measurements": measurements}
 
     def reject_at_intake(self, reasons: list[str], measurements: dict[str, float]) -> list[Any]:
         """The candidate failed a bound the intake checks: reject it; returns its held items
@@ -268,6 +275,8 @@ class CanaryGate:
             self.last_gap = m["promoted_logprob_gap"]
         if verdict["promoted"]:
             self.publisher.promote(version, m)
+            # judged at lag 0 it becomes the reference; otherwise the promoted version's is unknown
+            self.reference_gap = m.get("logprob_gap") if m.get("judged_lag") == 0 else None
         else:
             self.publisher.reject(version, verdict["reason"], m, pause=self.cfg.on_reject == "pause")
             logger.error("canary: v%d rejected: %s; measurements %s; weights.rollout.on_reject=%s", version,
@@ -350,31 +359,50 @@ def offer_on_promotion(rollout: Any, version: int, published: int) -> bool:
     return version > seen and version > published
 
 
-def judge(batch: DataProto, spec: dict[str, Any], current_version: int,
-          max_staleness: int) -> tuple[dict[str, Any], torch.Tensor]:
+def judge(batch: DataProto, spec: dict[str, Any], current_version: int, max_staleness: int,
+          judged: tuple[torch.Tensor, int] | None = None) -> tuple[dict[str, Any], torch.Tensor]:
     """The verdict on the candidate whose rows ``batch`` carries (``spec``:
-    ``meta_info[META_KEY]``), from the trainer's recomputed ``old_log_probs`` against the
+    ``meta_info[META_KEY]``), from the trainer's log-probs of its sampled tokens against the
     replicas' ``rollout_log_probs``; and the bool mask of the rows to remove before the
     update: every candidate row when it is rejected, else those too stale to train (the
-    intake kept them for judging). Pure: every rank reaches the same verdict."""
+    intake kept them for judging). Pure: every rank reaches the same verdict.
+
+    ``judged``: ``(log_probs, lag)``, the log-probs to judge the candidate's rows with and
+    how many versions past the candidate the weights that made them were
+    (``TrainerWorker._candidate_log_probs``); None: the batch's ``old_log_probs``, made
+    ``current_version - version`` versions past it.
+
+    The candidate's mean gap ``|log p_trainer - log p_rollout|`` is compared with a
+    baseline: judged at lag 0, with the gap the promoted version had when it was judged at
+    lag 0 (``spec["reference_gap"]``: like with like, both how a replica served the weights
+    it was given); otherwise with the promoted rows' gap in this batch (the same weights
+    judge both, so the policy's own change cancels out as far as it can), or without such
+    rows the last step's (``spec["promoted_logprob_gap"]``)."""
     b = batch.batch
     version = int(spec["version"])
+    log_probs, lag = (b["old_log_probs"], current_version - version) if judged is None else judged
     rows = b["policy_version"].long().reshape(-1) == version
     mask = b["response_mask"].bool()
-    gap = (b["old_log_probs"].float() - b["rollout_log_probs"].float()).abs()
     cand_tokens, promoted_tokens = mask & rows[:, None], mask & ~rows[:, None]
-    cand = float(gap[cand_tokens].mean()) if bool(cand_tokens.any()) else 0.0
+    cand_gap = (log_probs.float() - b["rollout_log_probs"].float()).abs()
+    cand = float(cand_gap[cand_tokens].mean()) if bool(cand_tokens.any()) else 0.0
     if bool(promoted_tokens.any()):
+        gap = (b["old_log_probs"].float() - b["rollout_log_probs"].float()).abs()
         promoted = float(gap[promoted_tokens].mean())
     else:  # no promoted rows in this batch: the last step's gap, else none (0)
         promoted = float(spec.get("promoted_logprob_gap") or 0.0)
+    reference = spec.get("reference_gap") if lag == 0 else None
+    baseline = promoted if reference is None else float(reference)
     bound = float(spec["max_logprob_gap_increase"])
     m = {**spec.get("measurements", {}), "logprob_gap": cand, "promoted_logprob_gap": promoted,
-         "judged_samples": float(rows.sum())}
+         "judged_lag": float(lag), "judged_samples": float(rows.sum())}
+    if reference is not None:
+        m["reference_logprob_gap"] = float(reference)
     reason = ""
     if not bool(cand_tokens.any()):  # nothing of the candidate to judge: never promote it unseen
         reason = "no sampled token of the candidate reached the judging batch"
-    elif cand - promoted > bound:
-        reason = f"logprob_gap {cand:.4f} vs promoted {promoted:.4f} (+{cand - promoted:.4f} > {bound})"
+    elif cand - baseline > bound:
+        against = "promoted" if reference is None else "the promoted version's own (lag 0)"
+        reason = f"logprob_gap {cand:.4f} vs {against} {baseline:.4f} (+{cand - baseline:.4f} > {bound})"
     remove = rows if reason else rows & (current_version - version > max_staleness)
     return {"version": version, "promoted": not reason, "reason": reason, "measurements": m}, remove

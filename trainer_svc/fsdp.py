@@ -11,12 +11,13 @@ import datetime
 import math
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from services.config.trainer import MixedPrecisionConfig, OptimConfig
@@ -194,6 +195,60 @@ def iter_full_params(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
         if isinstance(b, DTensor):
             b = b.full_tensor()
         yield name, b
+
+
+def _local_shards(model: torch.nn.Module) -> list[torch.Tensor]:
+    """This rank's storage of every parameter: the local shard of a ``DTensor`` (FSDP2's
+    sharded parameter, a view into its flat storage), the tensor itself otherwise."""
+    return [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Free FSDP2's gathered parameters (kept after a forward with ``reshard_after_forward``
+    off): the next forward gathers again, from the shards as they are now."""
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+@dataclass
+class ShardCopy:
+    """A copy of this rank's parameter shards at policy ``version`` (local, no collective):
+    what the canary gate judges a candidate with after the trainer has stepped past it."""
+
+    version: int
+    tensors: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, version: int) -> "ShardCopy":
+        with torch.no_grad():
+            return cls(version, [t.detach().clone() for t in _local_shards(model)])
+
+
+@contextmanager
+def swapped_params(model: torch.nn.Module, copy: ShardCopy) -> Iterator[None]:
+    """Run the body with ``copy``'s parameters in ``model`` (forward only), then put the
+    model's own back. The contents are swapped in place, one tensor at a time, so the extra
+    memory is one parameter shard and ``copy`` holds its own values again afterwards.
+    Every rank must enter it around the same collectives (the forward's all-gathers)."""
+    shards = _local_shards(model)
+    if len(shards) != len(copy.tensors):
+        raise ValueError(f"the shard copy has {len(copy.tensors)} tensors, the model {len(shards)}")
+
+    def swap() -> None:
+        with torch.no_grad():
+            for mine, theirs in zip(shards, copy.tensors):
+                tmp = mine.detach().clone()
+                mine.detach().copy_(theirs)
+                theirs.copy_(tmp)
+
+    _reshard(model)
+    swap()
+    try:
+        yield
+    finally:
+        _reshard(model)
+        swap()
 
 
 def set_torch_threads(threads: int, nproc: int) -> int:

@@ -369,6 +369,8 @@ class TrainerService:
         """Gather full parameters (all ranks); rank 0 streams them to the publisher."""
         if self.spec.weights is None:
             return
+        if not initial and self.spec.weights.rollout.mode == "canary":
+            self.worker.keep_offered()  # every publish after the first offers a candidate: judged with these
         it = self.worker.full_params()
         if self.ctx.rank != 0:
             for _ in it:

@@ -30,7 +30,8 @@ from trainer_svc.actor import DataParallelPPOActor, local_mini_batch_size
 from trainer_svc.batching import ShardPlan
 from trainer_svc.critic import DataParallelPPOCritic
 from trainer_svc.experience import compute_advantage
-from trainer_svc.fsdp import DistContext, build_optimizer, iter_full_params, load_causal_lm, load_value_model, shard_model
+from trainer_svc.fsdp import (DistContext, ShardCopy, build_optimizer, iter_full_params, load_causal_lm, load_value_model,
+                              shard_model, swapped_params)
 from trainer_svc.ref import ReferencePolicy
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,9 @@ class TrainerWorker:
             )
         self.kl_ctrl = core_algos.get_kl_controller(spec.algorithm.kl_ctrl) if spec.algorithm.use_kl_in_reward else None
         self.version = 0
+        self.offered: ShardCopy | None = None
+        """Canary mode: this rank's shards of the weights last offered as a candidate
+        (:meth:`keep_offered`), to judge the candidate with its own weights."""
 
     # ------------------------------------------------------------------------------ step
 
@@ -150,8 +154,9 @@ class TrainerWorker:
         metrics = self._old_log_probs(batch, plan, local)
         verdict = removed = None
         if batch.meta_info.get(canary.META_KEY):
-            verdict, removed = canary.judge(batch, batch.meta_info[canary.META_KEY], self.version,
-                                            spec.async_.max_staleness)
+            gate = batch.meta_info[canary.META_KEY]
+            judged = self._candidate_log_probs(batch, int(gate["version"]))
+            verdict, removed = canary.judge(batch, gate, self.version, spec.async_.max_staleness, judged)
             if on_verdict is not None:
                 on_verdict(verdict, removed)
             if after_verdict is not None:
@@ -196,6 +201,37 @@ class TrainerWorker:
             canary=verdict,
             removed=removed,
         )
+
+    def keep_offered(self) -> None:
+        """The current weights are being offered as a candidate (canary mode): keep a copy of
+        this rank's shards of them, replacing the last, so the step that judges the
+        candidate -- usually a step or two later -- can recompute its samples' log-probs with
+        the very weights the canary served (:meth:`_candidate_log_probs`). Costs one more
+        copy of the local parameter shards. Every rank calls it on the same publishes."""
+        self.offered = ShardCopy.of(self.model, self.version)
+
+    def _candidate_log_probs(self, batch: DataProto, version: int) -> tuple[torch.Tensor, int] | None:
+        """The log-probs that judge candidate ``version``, and the lag they were computed at
+        (versions between the weights used and the candidate's): ``batch``'s
+        ``old_log_probs`` with the candidate's rows recomputed with the candidate's own
+        weights (:attr:`offered`) when the trainer has stepped past them -- lag 0, so the
+        gap measures how the canary served the weights, not how far the policy moved since
+        (one step's change was seen to reject healthy versions). None when the candidate's
+        weights are not kept: judged with the current ones, at ``self.version - version``.
+        Collective: every rank holds the same batch and copy, so all take the same path."""
+        if version == self.version:
+            return batch.batch["old_log_probs"], 0  # the current weights are the candidate's
+        if self.offered is None or self.offered.version != version:
+            return None
+        rows = torch.nonzero(batch.batch["policy_version"].long().reshape(-1) == version).reshape(-1)
+        judged = batch.batch["old_log_probs"].clone()
+        if len(rows):
+            sub = batch.select_idxs(rows)
+            sub_plan = ShardPlan.build(sub, self.ctx.world_size)
+            with swapped_params(self.model, self.offered):
+                lp, _ = self.actor.compute_log_prob(sub_plan.local(sub, self.ctx.rank))
+            judged[rows] = sub_plan.gather(lp, self.ctx.cpu_group).to(judged.dtype)
+        return judged, 0
 
     def _fresh_rows(self, batch: DataProto) -> torch.Tensor | None:
         """``actor.recompute_old_log_prob: stale``: bool per row whose old log-probs are the

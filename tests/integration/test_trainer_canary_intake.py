@@ -11,6 +11,7 @@ import torch
 
 from services.config.queues import EmbeddedQueueConfig
 from services.config.weights import WeightChannelConfig
+from services.protocol import DataProto
 from services.queues import make_queue
 from services.weights import WeightPublisher
 from trainer_svc.canary import META_KEY, CanaryGate, judge, park_limit
@@ -251,3 +252,25 @@ async def test_a_judging_batch_fills_like_any_other_while_the_window_has_room_fo
     await intake.commit(pending)
     await producer.close()
     await consumer.close()
+
+
+def test_a_candidate_judged_at_lag_0_is_compared_with_the_promoted_versions_own_lag_0_gap():
+    """Judged with its own weights (lag 0), a candidate's gap is how the canary served them;
+    it is compared with the gap the promoted version had when it was judged the same way,
+    not with older rows' gap, which holds the policy's change since (here 0.5 nats: a
+    serving error of 0.3 would hide under it). Judged at a lag, the reference is ignored."""
+    data = DataProto.concat([_group("c0", 3), _group("c1", 3), _group("p0", 1)])
+    b = data.batch
+    cand = b["policy_version"].long().reshape(-1) == 3
+    b["rollout_log_probs"] = torch.zeros_like(b["response_mask"], dtype=torch.float32)
+    b["old_log_probs"] = torch.where(cand[:, None], torch.tensor(0.3), torch.tensor(0.5))  # the current weights
+    own = torch.where(cand[:, None], torch.tensor(0.3), torch.tensor(0.0))  # v3's own weights: 0.3 off, a fault
+    spec = {"version": 3, "max_logprob_gap_increase": 0.1, "promoted_logprob_gap": None, "reference_gap": 0.01}
+    verdict, removed = judge(data, spec, current_version=4, max_staleness=2, judged=(own, 0))
+    assert not verdict["promoted"] and bool(removed[cand].all())
+    assert verdict["measurements"]["judged_lag"] == 0 and verdict["measurements"]["reference_logprob_gap"] == 0.01
+    assert "promoted version's own (lag 0) 0.0100" in verdict["reason"]
+    # the same gap judged with the current weights (lag 1): against the promoted rows' 0.5, passed
+    verdict, removed = judge(data, spec, current_version=4, max_staleness=2)
+    assert verdict["promoted"] and verdict["measurements"]["judged_lag"] == 1 and not bool(removed.any())
+    assert "reference_logprob_gap" not in verdict["measurements"]

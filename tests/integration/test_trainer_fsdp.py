@@ -197,3 +197,22 @@ def test_a_judging_batchs_verdict_is_handed_over_before_the_updates(tiny_model, 
     assert res["gathered"] == [{"verdict": True, "version": 0, "starting_weights": True}]
     assert res["result_promoted"] and res["applied"] and res["version"] == 1 and res["params_changed_after"]
     assert res["full_changed_after"]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_candidate_is_judged_with_its_own_weights_after_the_trainer_stepped_past_it(tiny_model, tmp_path, nproc):
+    """Canary mode: each rank keeps its shards of the weights it offers; two steps later the
+    candidate's samples are recomputed with them (lag 0), so a faithful canary's gap is ~0
+    and passes a tight bound, where the current weights' gap -- the policy's own change --
+    fails it. Judging swaps the weights in and out again: nothing of either is lost."""
+    from trainer_svc.launch import spawn_ranks
+
+    (tmp_path / "spec.json").write_text(json.dumps(_spec(tiny_model)))
+    code = spawn_ranks([JOB, str(tmp_path / "spec.json"), str(tmp_path / "out"), "--lag0-check"], nproc, threads=1,
+                       timeout_s=300)
+    assert code == 0
+    res = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert res["version"] == 2
+    assert res["kept"]["lag"] == 0 and res["kept"]["gap"] < 1e-4 and res["kept"]["promoted"], res
+    assert res["dropped"]["lag"] == 2 and res["dropped"]["gap"] > 0.05 and not res["dropped"]["promoted"], res
+    assert res["model_restored"] and res["copy_intact"]

@@ -37,6 +37,8 @@ def main() -> int:
                     help="only check which rows' old log-probs are recomputed (actor.recompute_old_log_prob)")
     ap.add_argument("--canary-check", action="store_true",
                     help="only check when a judging batch's verdict is handed over (before the updates)")
+    ap.add_argument("--lag0-check", action="store_true",
+                    help="only check that a candidate is judged with its own weights after the trainer stepped past it")
     args = ap.parse_args()
 
     import torch
@@ -56,6 +58,8 @@ def main() -> int:
         return reuse_check(worker, ctx, spec, vocab, Path(args.out))
     if args.canary_check:
         return canary_check(worker, ctx, spec, vocab, Path(args.out))
+    if args.lag0_check:
+        return lag0_check(worker, ctx, spec, vocab, Path(args.out))
     steps, log_probs = [], {}
     for step in range(args.steps):
         batch = make_batch(args.groups, n=spec.rollout.n, prompt_len=args.prompt_len, response_len=args.response_len,
@@ -149,6 +153,58 @@ def canary_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     report = {"calls": calls, "gathered": gathered, "result_promoted": res.canary["promoted"],
               "applied": res.applied, "version": res.version, "params_changed_after": changed,
               "full_changed_after": full_checksum() != start_checksum}
+    if ctx.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "result.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+    return 0
+
+
+def lag0_check(worker, ctx, spec, vocab: int, out: Path) -> int:
+    """The canary gate's judging with the candidate's own weights: v0 is offered (every rank
+    keeps its shards), the trainer steps to v1, then a batch of v0's samples -- whose replica
+    log-probs are v0's own, as a faithful canary serves them -- is judged twice: with the kept
+    copy (gap ~0 at lag 0) and, the copy dropped, with v1's weights (the gap one step made).
+    Also: the swap leaves the model's own v1 parameters and the copy's v0 ones as they were."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer_svc import canary
+    from trainer_svc.batching import ShardPlan
+    from trainer_svc.synthetic import make_batch
+
+    def judging_batch():
+        b = make_batch(4, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=7)
+        b.meta_info["temperature"] = spec.rollout.temperature or 1.0
+        return b
+
+    def shards():
+        return [getattr(t, "to_local", lambda t=t: t)().detach().clone() for t in worker.model.parameters()]
+
+    own = judging_batch()  # v0's log-probs of it: what a canary serving v0 reports
+    plan = ShardPlan.build(own, ctx.world_size)
+    v0_lp = plan.gather(worker.actor.compute_log_prob(plan.local(own, ctx.rank))[0], ctx.cpu_group)
+    worker.keep_offered()
+    kept_v0 = [t.clone() for t in worker.offered.tensors]
+    for step in range(2):  # two steps past the candidate (lr 1e-3: the log-probs move)
+        worker.step(make_batch(4, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=step))
+    at_v2 = shards()
+    spec_gate = {"version": 0, "max_logprob_gap_increase": 0.05, "promoted_logprob_gap": 0.0, "reference_gap": 0.0}
+    report = {"version": worker.version}
+    for label in ("kept", "dropped"):
+        b = judging_batch()
+        b.batch["rollout_log_probs"] = v0_lp.clone()
+        if label == "dropped":
+            worker.offered = None
+        p = ShardPlan.build(b, ctx.world_size)
+        worker._old_log_probs(b, p, p.local(b, ctx.rank))
+        judged = worker._candidate_log_probs(b, 0)
+        verdict, _ = canary.judge(b, spec_gate, worker.version, 4, judged)
+        report[label] = {"promoted": verdict["promoted"], "gap": verdict["measurements"]["logprob_gap"],
+                         "lag": verdict["measurements"]["judged_lag"]}
+        if label == "kept":
+            report["model_restored"] = all(torch.equal(a, b) for a, b in zip(shards(), at_v2))
+            report["copy_intact"] = all(torch.equal(a, b) for a, b in zip(worker.offered.tensors, kept_v0))
     if ctx.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(report))
