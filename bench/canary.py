@@ -21,6 +21,13 @@ start's own job (``examples/quickstart.yaml`` as it is: 32 prompts x 16 samples 
 ``max_staleness: 1``, its actor settings) on two replicas instead of one; ``--batch``,
 ``--n``, ``--response`` and ``--staleness`` then default to the spec's values.
 
+The gate spends about two versions of the staleness budget (the promoted replica serves a
+version that trails the trainer by the promotion delay), so a job that gives it that budget,
+with the admission window held where it was, is run as (docs/weights.md, "Sizing the gate")::
+
+    python bench/canary.py --job quickstart --steps 40 --staleness 4 \
+        --set async.max_in_flight=64 --promote-after 64
+
 Throughput is trained samples per second from the end of the first step (start-up counts in
 neither mode). ``promote_delay_s`` is the median time from a candidate's publication to its
 promotion; ``detect_steps`` the trainer steps from the bad version's publication (its
