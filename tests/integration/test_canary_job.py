@@ -60,6 +60,9 @@ def test_a_wrong_version_is_rejected_at_the_canary_and_the_job_resumes_on_a_good
         assert promoted[0] == 0 and len(promoted) >= 2 and promoted[-1] < rejected, kinds
         w = st["weights"]
         assert w["mode"] == "canary" and str(rejected) in w["rejected"] and "logprob_gap" in w["rejected"][str(rejected)]
+        # every candidate was judged with its own weights (the trainer had stepped past them)
+        judged = [e for e in w["events"] if e["kind"] in ("promoted", "rejected") and e["version"] > 0]
+        assert judged and all(e["measurements"].get("judged_lag") == 0 for e in judged), judged
         roles = {name: r["role"] for name, r in w["replicas"].items()}
         assert sorted(roles.values()) == ["canary", "promoted"], w
         canary = next(n for n, role in roles.items() if role == "canary")
