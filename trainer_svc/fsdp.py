@@ -214,7 +214,9 @@ def _reshard(model: torch.nn.Module) -> None:
 @dataclass
 class ShardCopy:
     """A copy of this rank's parameter shards at policy ``version`` (local, no collective):
-    what the canary gate judges a candidate with after the trainer has stepped past it."""
+    what the canary gate judges a candidate with after the trainer has stepped past it.
+    Kept in host memory (pinned on a GPU), so a GPU trainer's device memory does not grow:
+    swapping it in and out copies each shard across and back once."""
 
     version: int
     tensors: list[torch.Tensor]
@@ -222,14 +224,19 @@ class ShardCopy:
     @classmethod
     def of(cls, model: torch.nn.Module, version: int) -> "ShardCopy":
         with torch.no_grad():
-            return cls(version, [t.detach().clone() for t in _local_shards(model)])
+            out = []
+            for t in _local_shards(model):
+                host = t.detach().to("cpu", copy=True)
+                out.append(host.pin_memory() if t.is_cuda else host)
+            return cls(version, out)
 
 
 @contextmanager
 def swapped_params(model: torch.nn.Module, copy: ShardCopy) -> Iterator[None]:
     """Run the body with ``copy``'s parameters in ``model`` (forward only), then put the
     model's own back. The contents are swapped in place, one tensor at a time, so the extra
-    memory is one parameter shard and ``copy`` holds its own values again afterwards.
+    memory is one parameter shard (on the host) and ``copy`` holds its own values again
+    afterwards.
     Every rank must enter it around the same collectives (the forward's all-gathers)."""
     shards = _local_shards(model)
     if len(shards) != len(copy.tensors):
@@ -238,7 +245,7 @@ def swapped_params(model: torch.nn.Module, copy: ShardCopy) -> Iterator[None]:
     def swap() -> None:
         with torch.no_grad():
             for mine, theirs in zip(shards, copy.tensors):
-                tmp = mine.detach().clone()
+                tmp = mine.detach().to(theirs.device, copy=True)
                 mine.detach().copy_(theirs)
                 theirs.copy_(tmp)
 

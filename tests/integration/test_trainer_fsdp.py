@@ -215,4 +215,4 @@ def test_a_candidate_is_judged_with_its_own_weights_after_the_trainer_stepped_pa
     assert res["version"] == 2
     assert res["kept"]["lag"] == 0 and res["kept"]["gap"] < 1e-4 and res["kept"]["promoted"], res
     assert res["dropped"]["lag"] == 2 and res["dropped"]["gap"] > 0.05 and not res["dropped"]["promoted"], res
-    assert res["model_restored"] and res["copy_intact"]
+    assert res["model_restored"] and res["copy_intact"] and res["copy_on_host"]

@@ -76,3 +76,18 @@ def test_cuda_bf16_mixed_precision_step_tracks_the_cpu_float32_step(cpu_fp32, ti
     assert all(params_g[n].dtype == torch.float32 for n in start), "the master parameters must stay float32"
     cos = torch.nn.functional.cosine_similarity(_update(params_g, start), _update(params_c, start), dim=0)
     assert cos > 0.9, f"the bf16 update points elsewhere (cosine {cos:.3f})"
+
+
+def test_a_candidate_is_judged_with_its_own_weights_kept_in_host_memory_on_cuda(tiny_model, tmp_path):
+    """The canary gate's lag-0 judging on a GPU rank: the offered weights' shards are kept in
+    host memory and swapped onto the device for the candidate's rows, then back."""
+    from trainer_svc.launch import spawn_ranks
+
+    (tmp_path / "spec.json").write_text(json.dumps(_spec(tiny_model)))
+    code = spawn_ranks([JOB, str(tmp_path / "spec.json"), str(tmp_path / "out"), "--lag0-check", "--device", "cuda"],
+                       1, threads=1, timeout_s=300)
+    assert code == 0
+    res = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert res["copy_on_host"] and res["model_restored"] and res["copy_intact"]
+    assert res["kept"]["lag"] == 0 and res["kept"]["gap"] < 1e-4 and res["kept"]["promoted"], res
+    assert res["dropped"]["lag"] == 2 and not res["dropped"]["promoted"], res

@@ -179,18 +179,19 @@ def lag0_check(worker, ctx, spec, vocab: int, out: Path) -> int:
         return b
 
     def shards():
-        return [getattr(t, "to_local", lambda t=t: t)().detach().clone() for t in worker.model.parameters()]
+        return [getattr(t, "to_local", lambda t=t: t)().detach().cpu().clone() for t in worker.model.parameters()]
 
     own = judging_batch()  # v0's log-probs of it: what a canary serving v0 reports
     plan = ShardPlan.build(own, ctx.world_size)
     v0_lp = plan.gather(worker.actor.compute_log_prob(plan.local(own, ctx.rank))[0], ctx.cpu_group)
     worker.keep_offered()
     kept_v0 = [t.clone() for t in worker.offered.tensors]
+    copy_on_host = all(t.device.type == "cpu" for t in worker.offered.tensors)
     for step in range(2):  # two steps past the candidate (lr 1e-3: the log-probs move)
         worker.step(make_batch(4, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=step))
     at_v2 = shards()
     spec_gate = {"version": 0, "max_logprob_gap_increase": 0.05, "promoted_logprob_gap": 0.0, "reference_gap": 0.0}
-    report = {"version": worker.version}
+    report = {"version": worker.version, "copy_on_host": copy_on_host}
     for label in ("kept", "dropped"):
         b = judging_batch()
         b.batch["rollout_log_probs"] = v0_lp.clone()
@@ -203,8 +204,8 @@ def lag0_check(worker, ctx, spec, vocab: int, out: Path) -> int:
         report[label] = {"promoted": verdict["promoted"], "gap": verdict["measurements"]["logprob_gap"],
                          "lag": verdict["measurements"]["judged_lag"]}
         if label == "kept":
-            report["model_restored"] = all(torch.equal(a, b) for a, b in zip(shards(), at_v2))
-            report["copy_intact"] = all(torch.equal(a, b) for a, b in zip(worker.offered.tensors, kept_v0))
+            report["model_restored"] = all(torch.equal(x, y) for x, y in zip(shards(), at_v2))
+            report["copy_intact"] = all(torch.equal(x, y) for x, y in zip(worker.offered.tensors, kept_v0))
     if ctx.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(report))
