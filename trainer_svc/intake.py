@@ -303,8 +303,6 @@ class QueueIntake:
             got: list[Any] = []
             if self.gate is not None:
                 self._backlog.extend(self.gate.take_released())  # held items whose version was decided
-                if judging is None:
-                    await self._find_candidate(current_version, taken)
                 if judging is None and self.gate.ready():
                     got, judging = await self._judge_candidate(want)
                     if judging is None:  # rejected at the intake: let the trainer offer a new candidate
@@ -398,34 +396,6 @@ class QueueIntake:
         ok = ~gate.rejected(versions)
         gate.observe_promoted(errors[ok], scores[ok])
         return candidate is not None and not bool((~ok).any()) and gate.park(item, current_version)
-
-    async def _find_candidate(self, current_version: int, taken: set[Any]) -> None:
-        """Canary mode, a candidate under test and not yet seen enough: lease what the queue
-        holds now, hold the candidate's groups at once and keep the rest, in order, in the
-        backlog (the next leases take from it first). The queue is first in, first out, and
-        a trainer-bound job keeps about a batch of the promoted replicas' groups queued: the
-        canary's groups of a fresh candidate land behind them, and a batch that took only
-        what it needed saw them a step later -- the candidate was judged two steps after it
-        was offered instead of one, and the promoted version trailed the trainer by a version
-        more. Anything this cannot screen (a malformed item, one already trained or in this
-        batch) is left to the backlog's usual path."""
-        gate = self.gate
-        candidate = gate.candidate_version()
-        if candidate is None or gate.ready():
-            return
-        for item in await self.queue.get(max_items=max(gate.window, 4 * self.train_batch_size), timeout=0.0):
-            data = item.data
-            sids = _column(data, "sample_id")
-            ids = [str(x) for x in sids] if sids is not None else []
-            mine = False
-            if item.id not in taken and not (ids and (ids[0] in self._held_ids or all(i in self._covered for i in ids))):
-                try:
-                    validate_experience(data)
-                    mine = bool((data.batch["policy_version"].long().reshape(-1) == candidate).any())
-                except ValueError:
-                    mine = False
-            if not (mine and self._hold(item, data, current_version)):
-                self._backlog.append(item)
 
     async def _judge_candidate(self, room: int) -> tuple[list[Any], dict[str, Any] | None]:
         """Enough samples of the candidate were seen: reject it at once when its error rate
