@@ -69,6 +69,12 @@ class RateTracker:
         return (n1 - n0) / (now - t0) if now > t0 else 0.0
 
 
+RESERVE_MAX_S = 5.0
+"""Longest a canary keeps prompt groups for its next version (far below the queue's lease
+idle time, so no other replica takes them over); after that it makes them with the one it
+serves (no candidate came: a paused rollout, a slow trainer)."""
+
+
 def _stream_id_age_s(entry_id: str) -> float | None:
     """Age of a Redis-stream-style id ``"<ms>-<seq>"`` in seconds (None if not that form)."""
     head, _, tail = entry_id.partition("-")
@@ -131,6 +137,10 @@ class Replica:
         self._tasks: set[asyncio.Task] = set()
         self._leased_ids: set[Any] = set()  # entry ids of the prompt items being generated
         self._slot_free = asyncio.Event()
+        # canary mode: prompt items leased and kept unstarted for the next version (see _keep_for_next)
+        self._reserve: list[Any] = []
+        self._started = (self._served_version(), 0)  # (served version, groups started with it)
+        self._reserve_since = 0.0
         # finished items waiting to be written: (lease, packed groups, done future)
         self._outbox: list[tuple[Any, list, asyncio.Future]] = []
         self._outbox_ready = asyncio.Event()
@@ -298,6 +308,8 @@ class Replica:
             raise RuntimeError("Replica.run needs the prompts and rollouts queues")
         limit = self.cfg.max_groups_in_flight
         while not stop.is_set():
+            if self._reserve and (not self.weights_canary or time.monotonic() - self._reserve_since > RESERVE_MAX_S):
+                self.weights_loaded()  # no longer a canary, or no version came (a pause): make them now
             free = limit - self.groups_in_flight
             if self.paused or free <= 0:
                 self._slot_free.clear()
@@ -322,16 +334,51 @@ class Replica:
                 age = _stream_id_age_s(str(it.id))
                 if age is not None:
                     self.metrics.queue_lag.observe(age)
-                self.groups_in_flight += 1
-                task = asyncio.create_task(self._process(it))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                if self._keep_for_next():
+                    if not self._reserve:
+                        self._reserve_since = time.monotonic()
+                    self._reserve.append(it)
+                else:
+                    self._start(it)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._writer is not None:  # nothing is waiting on it any more
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)
             self._writer = None
+
+    def _served_version(self) -> int:
+        return getattr(self.engine, "version", 0)  # (no engine: the delivery tests)
+
+    def _start(self, item) -> None:
+        version, count, now = *self._started, self._served_version()
+        self._started = (now, count + 1 if version == now else 1)
+        self.groups_in_flight += 1
+        task = asyncio.create_task(self._process(item))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _keep_for_next(self) -> bool:
+        """Canary mode: whether a newly leased prompt group waits, unstarted, for the next
+        version this canary loads. A candidate is judged on its first
+        ``rollout.canary_reserve_groups`` groups; on a trainer-bound job every prompt the
+        admission window allows is already made when the candidate loads, so the canary had
+        nothing to make with it until the trainer's step ended and freed room, and the
+        candidate was judged a step later than it could be. Once it has started that many
+        groups with the version it serves, a canary keeps up to as many more in reserve and
+        starts them the moment it loads the next version (:meth:`weights_loaded`)."""
+        n = self.cfg.canary_reserve_groups
+        if not n or not self.weights_canary or len(self._reserve) >= n:
+            return False
+        version, count = self._started
+        return version == self._served_version() and count >= n
+
+    def weights_loaded(self) -> None:
+        """The engine serves a new version (the weight subscriber calls this): start the
+        groups kept for it, whose samples are then of this version."""
+        kept, self._reserve = self._reserve, []
+        for it in kept:
+            self._start(it)
 
     def pause(self) -> None:
         """Stop leasing new prompt groups (in-flight groups finish)."""

@@ -91,6 +91,7 @@ def format_timing(timing: dict) -> str:
 
 
 async def _loaded(replica: Replica, res: dict) -> None:
+    replica.weights_loaded()  # a canary starts the prompt groups it kept for this version
     replica.weight_updates += 1
     replica.metrics.weight_load.observe(replica.engine.last_weight_load_s)
     t0 = time.perf_counter()

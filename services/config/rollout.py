@@ -104,6 +104,12 @@ class RolloutConfig(SamplingConfig):
     max_groups_in_flight: int = Field(
         64, ge=1, le=100_000, description="prompt groups this replica leases and generates concurrently"
     )
+    canary_reserve_groups: int = Field(
+        0, ge=0, le=100_000,
+        description="canary mode, set by the job's views: prompt groups a canary keeps leased and unstarted "
+        "once it has started that many with the version it serves, and starts as soon as it loads the next one "
+        "(the candidate's promote_after_samples, in groups; 0: none)",
+    )
     lease_timeout_s: float = Field(
         1.0, gt=0, le=3600, description="how long one get() on the prompts stream waits for items"
     )

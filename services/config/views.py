@@ -364,6 +364,11 @@ def derive_view(job: JobSpec, service: str) -> StrictModel:
         port = job.services.trainer.metrics_port
         view["trainer_metrics_url"] = f"http://{job.services.host}:{port}/metrics" if port else None
         view["feed_each_step"] = job.weights.rollout.mode == "canary"
+    if service == "rollout" and job.weights.rollout.mode == "canary":
+        # a canary has a candidate's groups ready when it loads it (rollout_svc.replica)
+        batch_samples = job.data.train_batch_size * job.rollout.n
+        view["rollout"]["canary_reserve_groups"] = -(-job.weights.rollout.samples_to_decide(batch_samples)
+                                                     // job.rollout.n)
     return VIEW_CLASSES[service].model_validate(view)
 
 

@@ -143,3 +143,92 @@ def test_an_own_lease_handed_back_while_its_group_generates_is_not_generated_twi
     assert sorted(calls) == ["p0", "p1", "p2"], calls  # each prompt generated once
     assert sorted(g.data.non_tensor_batch["uid"][0] for g in got) == ["p0", "p1", "p2"]
     assert depth == 0
+
+
+class _Versioned:
+    """The engine's one property these tests read: the policy version it serves."""
+
+    version = 0
+
+
+def _recording_replica(cfg, prompts, rollouts):
+    from rollout_svc.replica import Replica
+
+    class Recording(Replica):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.started: dict[str, int] = {}  # uid -> the version served when its generation began
+
+        async def generate_item(self, data):
+            uid = str(data.non_tensor_batch["uid"][0])
+            self.started[uid] = self.engine.version
+            await asyncio.sleep(0.05)
+            return [_group(uid)]
+
+    return Recording(_Versioned(), cfg, name="r0", prompts=prompts, rollouts=rollouts)
+
+
+def test_a_canary_keeps_groups_for_its_next_version_and_starts_them_when_it_loads(broker) -> None:
+    """Canary mode: once a canary started ``canary_reserve_groups`` groups with the version it
+    serves, it keeps as many more leased and unstarted, and starts them the moment it loads
+    the next version (a candidate is judged on its first groups, and on a trainer-bound job
+    there would be no prompt left to make them with); past that it generates as usual. A
+    replica that is not a canary keeps nothing."""
+    from services.config.rollout import RolloutConfig
+
+    async def scenario(canary: bool, p: str):
+        feeder, prompts, rollouts, sink = _queues(broker.address)
+        await feeder.put([_prompt_item(f"{p}{i}") for i in range(6)])
+        replica = _recording_replica(RolloutConfig(lease_timeout_s=0.2, canary_reserve_groups=2), prompts, rollouts)
+        replica.weights_canary = canary
+        stop = asyncio.Event()
+        run = asyncio.create_task(replica.run(stop))
+        await asyncio.sleep(1.0)
+        before = dict(replica.started)
+        replica.engine.version = 1  # the next version is loaded; the subscriber says so
+        replica.weights_loaded()
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+        got = await sink.get(max_items=20, timeout=5.0)
+        depth = await prompts.depth()
+        for q in (feeder, prompts, rollouts, sink):
+            await q.close()
+        return before, replica.started, sorted(g.data.non_tensor_batch["uid"][0] for g in got), depth
+
+    before, started, delivered, depth = asyncio.run(scenario(True, "p"))
+    assert before == {"p0": 0, "p1": 0, "p4": 0, "p5": 0}, before  # p2, p3 kept for the next version
+    assert started == {**before, "p2": 1, "p3": 1}, started
+    assert delivered == [f"p{i}" for i in range(6)] and depth == 0
+    before, started, delivered, depth = asyncio.run(scenario(False, "q"))  # (new ids: the broker dedupes)
+    assert before == {f"q{i}": 0 for i in range(6)} and delivered == [f"q{i}" for i in range(6)]
+
+
+def test_groups_a_canary_kept_are_made_anyway_when_no_version_comes(broker, monkeypatch) -> None:
+    """A paused rollout or a slow trainer: no next version comes, and the kept groups are made
+    with the version served once ``RESERVE_MAX_S`` has passed (their leases never idle out)."""
+    from rollout_svc import replica as replica_mod
+    from services.config.rollout import RolloutConfig
+
+    monkeypatch.setattr(replica_mod, "RESERVE_MAX_S", 0.5)
+
+    async def scenario():
+        feeder, prompts, rollouts, sink = _queues(broker.address)
+        await feeder.put([_prompt_item(f"p{i}") for i in range(3)])
+        replica = _recording_replica(RolloutConfig(lease_timeout_s=0.2, canary_reserve_groups=1), prompts, rollouts)
+        replica.weights_canary = True
+        stop = asyncio.Event()
+        run = asyncio.create_task(replica.run(stop))
+        await asyncio.sleep(0.3)
+        early = dict(replica.started)
+        await asyncio.sleep(1.5)
+        stop.set()
+        await asyncio.wait_for(run, timeout=30)
+        got = await sink.get(max_items=20, timeout=5.0)
+        for q in (feeder, prompts, rollouts, sink):
+            await q.close()
+        return early, replica.started, len(got)
+
+    early, started, delivered = asyncio.run(scenario())
+    assert early == {"p0": 0, "p2": 0}, early
+    assert started == {"p0": 0, "p1": 0, "p2": 0} and delivered == 3
