@@ -40,6 +40,26 @@ def _replica(prompts, rollouts):
     return Replica(None, RolloutConfig(), name="r0", prompts=prompts, rollouts=rollouts)
 
 
+async def _run_replica(replica, middle):
+    """Run ``replica``'s loop until ``middle(replica)`` returns, then stop it; returns what
+    ``middle`` returned."""
+    stop = asyncio.Event()
+    run = asyncio.create_task(replica.run(stop))
+    seen = await middle(replica)
+    stop.set()
+    await asyncio.wait_for(run, timeout=30)
+    return seen
+
+
+async def _drain(sink, prompts, queues):
+    """What the replica delivered, the prompts left unacknowledged; closes ``queues``."""
+    got = await sink.get(max_items=20, timeout=5.0)
+    depth = await prompts.depth()
+    for q in queues:
+        await q.close()
+    return got, depth
+
+
 def _queues(address: str, **rollouts_cfg):
     from services.queues import make_queue
 
@@ -128,15 +148,8 @@ def test_an_own_lease_handed_back_while_its_group_generates_is_not_generated_twi
                              stream="prompts", group="rollout", consumer="r0")
         await feeder.put([_prompt_item(f"p{i}") for i in range(3)])
         replica = SlowReplica(None, RolloutConfig(lease_timeout_s=0.2), name="r0", prompts=prompts, rollouts=rollouts)
-        stop = asyncio.Event()
-        run = asyncio.create_task(replica.run(stop))
-        await asyncio.sleep(4.0)  # several reclaim rounds while the first generations run
-        stop.set()
-        await asyncio.wait_for(run, timeout=30)
-        got = await sink.get(max_items=20, timeout=5.0)
-        depth = await prompts.depth()
-        for q in (feeder, prompts, rollouts, sink):
-            await q.close()
+        await _run_replica(replica, lambda _: asyncio.sleep(4.0))  # several reclaim rounds meanwhile
+        got, depth = await _drain(sink, prompts, (feeder, prompts, rollouts, sink))
         return replica.calls, got, depth
 
     calls, got, depth = asyncio.run(scenario())
@@ -168,67 +181,60 @@ def _recording_replica(cfg, prompts, rollouts):
     return Recording(_Versioned(), cfg, name="r0", prompts=prompts, rollouts=rollouts)
 
 
+async def _canary_run(address: str, uids: list[str], reserve: int, canary: bool, middle):
+    """Run a recording replica over ``uids`` until ``middle(replica)`` returns (what it returns
+    comes back first), then stop it; also returns the versions each group started with, the
+    uids delivered and the prompts left unacknowledged."""
+    from services.config.rollout import RolloutConfig
+
+    feeder, prompts, rollouts, sink = _queues(address)
+    await feeder.put([_prompt_item(u) for u in uids])
+    replica = _recording_replica(RolloutConfig(lease_timeout_s=0.2, canary_reserve_groups=reserve), prompts, rollouts)
+    replica.weights_canary = canary
+    seen = await _run_replica(replica, middle)
+    got, depth = await _drain(sink, prompts, (feeder, prompts, rollouts, sink))
+    return seen, replica.started, sorted(g.data.non_tensor_batch["uid"][0] for g in got), depth
+
+
 def test_a_canary_keeps_groups_for_its_next_version_and_starts_them_when_it_loads(broker) -> None:
     """Canary mode: once a canary started ``canary_reserve_groups`` groups with the version it
     serves, it keeps as many more leased and unstarted, and starts them the moment it loads
     the next version (a candidate is judged on its first groups, and on a trainer-bound job
     there would be no prompt left to make them with); past that it generates as usual. A
     replica that is not a canary keeps nothing."""
-    from services.config.rollout import RolloutConfig
 
-    async def scenario(canary: bool, p: str):
-        feeder, prompts, rollouts, sink = _queues(broker.address)
-        await feeder.put([_prompt_item(f"{p}{i}") for i in range(6)])
-        replica = _recording_replica(RolloutConfig(lease_timeout_s=0.2, canary_reserve_groups=2), prompts, rollouts)
-        replica.weights_canary = canary
-        stop = asyncio.Event()
-        run = asyncio.create_task(replica.run(stop))
+    async def next_version(replica):
         await asyncio.sleep(1.0)
         before = dict(replica.started)
         replica.engine.version = 1  # the next version is loaded; the subscriber says so
         replica.weights_loaded()
         await asyncio.sleep(1.0)
-        stop.set()
-        await asyncio.wait_for(run, timeout=30)
-        got = await sink.get(max_items=20, timeout=5.0)
-        depth = await prompts.depth()
-        for q in (feeder, prompts, rollouts, sink):
-            await q.close()
-        return before, replica.started, sorted(g.data.non_tensor_batch["uid"][0] for g in got), depth
+        return before
 
-    before, started, delivered, depth = asyncio.run(scenario(True, "p"))
+    uids = [f"p{i}" for i in range(6)]
+    before, started, delivered, depth = asyncio.run(_canary_run(broker.address, uids, 2, True, next_version))
     assert before == {"p0": 0, "p1": 0, "p4": 0, "p5": 0}, before  # p2, p3 kept for the next version
     assert started == {**before, "p2": 1, "p3": 1}, started
-    assert delivered == [f"p{i}" for i in range(6)] and depth == 0
-    before, started, delivered, depth = asyncio.run(scenario(False, "q"))  # (new ids: the broker dedupes)
-    assert before == {f"q{i}": 0 for i in range(6)} and delivered == [f"q{i}" for i in range(6)]
+    assert delivered == uids and depth == 0
+    uids = [f"q{i}" for i in range(6)]  # (new ids: the broker dedupes)
+    before, started, delivered, depth = asyncio.run(_canary_run(broker.address, uids, 2, False, next_version))
+    assert before == {u: 0 for u in uids} and delivered == uids and depth == 0
 
 
 def test_groups_a_canary_kept_are_made_anyway_when_no_version_comes(broker, monkeypatch) -> None:
     """A paused rollout or a slow trainer: no next version comes, and the kept groups are made
     with the version served once ``RESERVE_MAX_S`` has passed (their leases never idle out)."""
     from rollout_svc import replica as replica_mod
-    from services.config.rollout import RolloutConfig
 
     monkeypatch.setattr(replica_mod, "RESERVE_MAX_S", 0.5)
 
-    async def scenario():
-        feeder, prompts, rollouts, sink = _queues(broker.address)
-        await feeder.put([_prompt_item(f"p{i}") for i in range(3)])
-        replica = _recording_replica(RolloutConfig(lease_timeout_s=0.2, canary_reserve_groups=1), prompts, rollouts)
-        replica.weights_canary = True
-        stop = asyncio.Event()
-        run = asyncio.create_task(replica.run(stop))
+    async def no_version(replica):
         await asyncio.sleep(0.3)
         early = dict(replica.started)
         await asyncio.sleep(1.5)
-        stop.set()
-        await asyncio.wait_for(run, timeout=30)
-        got = await sink.get(max_items=20, timeout=5.0)
-        for q in (feeder, prompts, rollouts, sink):
-            await q.close()
-        return early, replica.started, len(got)
+        return early
 
-    early, started, delivered = asyncio.run(scenario())
-    assert early == {"p0": 0, "p2": 0}, early
-    assert started == {"p0": 0, "p1": 0, "p2": 0} and delivered == 3
+    uids = ["r0", "r1", "r2"]
+    early, started, delivered, depth = asyncio.run(_canary_run(broker.address, uids, 1, True, no_version))
+    assert early == {"r0": 0, "r2": 0}, early  # r1 kept
+    assert started == {"r0": 0, "r1": 0, "r2": 0} and delivered == uids and depth == 0
