@@ -340,6 +340,8 @@ class Replica:
                     self._reserve.append(it)
                 else:
                     self._start(it)
+        if self._reserve:  # stopping: make what was kept rather than leave it leased until it idles out
+            self.weights_loaded()
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._writer is not None:  # nothing is waiting on it any more
