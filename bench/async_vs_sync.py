@@ -71,7 +71,7 @@ def prepare(work: Path, seed: int, warm_steps: int, terms: int) -> tuple[Path, P
     from services.data import synthetic
     from services.data.parquet import write_rows
     from services.modelling.tiny import TinyModelSpec, build_tiny_model
-    from services.warmstart import warm_start
+    from trainer_svc.warmstart import warm_start
 
     model, warm, data = work / "model", work / "model-warm", work / "data"
     if not (warm / "config.json").exists():
@@ -102,7 +102,7 @@ def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Nam
         f"actor.ppo_micro_batch_size_per_gpu={args.batch * args.n // args.mini_batches}",
         f"trainer.total_steps={args.steps}", *mode_overrides,
     ]
-    cmd = [sys.executable, "-m", "services.cli", "run", str(ROOT / "examples" / "quickstart.yaml"), *overrides,
+    cmd = [sys.executable, "-m", "meshrl_cli", "run", str(ROOT / "examples" / "quickstart.yaml"), *overrides,
            "--run-dir", str(run_dir), "--no-progress"]
     log = open(work / f"{mode}.log", "w")
     t0 = time.monotonic()

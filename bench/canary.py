@@ -101,7 +101,7 @@ def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Nam
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if mode == "canary" and args.bad_candidate:
         env["MESHRL_TEST_WEIGHTS_FAULT"] = f"candidate={args.bad_candidate}:negate:model.norm.weight"
-    cmd = [sys.executable, "-m", "services.cli", "run", str(ROOT / "examples" / "quickstart.yaml"), *overrides,
+    cmd = [sys.executable, "-m", "meshrl_cli", "run", str(ROOT / "examples" / "quickstart.yaml"), *overrides,
            "--run-dir", str(run_dir), "--no-progress"]
     with open(work / f"{mode}.log", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=7200)

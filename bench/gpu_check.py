@@ -219,7 +219,7 @@ def receiver(address: str, out: str, timeout: float) -> int:
 
     torch.set_num_threads(4)
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightReceiver
+    from rollout_svc.weights.receiver import WeightReceiver
     from services.weights.plan import iter_tensors
 
     rx = WeightReceiver(WeightChannelConfig(transfer_timeout_s=timeout), "cpu-replica", address=address).connect()
@@ -250,7 +250,7 @@ def publish_section(models: dict[str, Path], work: Path) -> None:
 
     from services import auth
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
     from trainer_svc.fsdp import iter_full_params
 
     auth.provision_temporary()

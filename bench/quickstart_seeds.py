@@ -33,7 +33,7 @@ def main() -> int:
     ends: list[float] = []
     for seed in seeds:
         out = Path(args.out) / f"seed-{seed}"
-        cmd = [sys.executable, "-m", "services.cli", "quickstart", "--out", str(out), "--seed", str(seed),
+        cmd = [sys.executable, "-m", "meshrl_cli", "quickstart", "--out", str(out), "--seed", str(seed),
                "--no-progress", *args.overrides]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         m = LINE.search(proc.stdout)

@@ -75,7 +75,7 @@ def run(name: str, work: Path, model: Path, train: Path, args: argparse.Namespac
         f"actor.ppo_mini_batch_size={args.batch}", f"actor.ppo_micro_batch_size_per_gpu={args.batch * args.n}",
         f"trainer.total_steps={args.steps}", "trainer.save_freq=-1", *extra,
     ]
-    cmd = [sys.executable, "-m", "services.cli", "run", str(ROOT / "examples" / "quickstart.yaml"), *overrides,
+    cmd = [sys.executable, "-m", "meshrl_cli", "run", str(ROOT / "examples" / "quickstart.yaml"), *overrides,
            "--run-dir", str(run_dir), "--no-progress"]
     t0 = time.monotonic()
     with CpuSampler() as cpu, open(work / f"{name}.log", "w") as log:
@@ -180,7 +180,7 @@ class CpuSampler:
             return None
         if parent == "services" or any(s in cmd for s in self.SERVICES):
             kind = "services"
-        elif "services.cli run" in cmd:
+        elif "meshrl_cli run" in cmd:
             kind = "driver"
         elif parent == "driver":
             kind = "driver"  # its own helpers

@@ -166,7 +166,7 @@ async def run_interleaved(args, model: str, warm, timed, workdir: Path):
     from services.queues import make_queue
     from services.queues.redis_server import RedisServer
     from services.readiness import NotReady, OutputWatcher
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
 
     redis = RedisServer(workdir / "redis", aof=False).start()
     pub = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=0, transfer_timeout_s=60)).start()

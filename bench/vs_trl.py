@@ -149,7 +149,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run_meshrl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Namespace) -> Result:
-    from services.cli.quickstart import job_overrides
+    from meshrl_cli.quickstart import job_overrides
 
     run_dir = work / "meshrl-run"
     test = work / "data-val" / "test.parquet"
@@ -159,7 +159,7 @@ def run_meshrl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Name
         overrides += ["trainer.save_freq=-1", "rollout.val_kwargs.n=1", "rollout.val_kwargs.do_sample=false",
                       "rollout.val_kwargs.temperature=0"]
     overrides += args.set
-    cmd = [sys.executable, "-m", "services.cli", "run", str(job.spec), *overrides, "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "meshrl_cli", "run", str(job.spec), *overrides, "--run-dir", str(run_dir),
            "--no-progress"]
     steps_file = run_dir / "trainer_metrics.jsonl"
     result = Result("meshrl", time.time())
@@ -309,9 +309,9 @@ def prepare(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
                            ("make-dataset", [REAL_TASKS[0], str(data), "--seed", str(args.seed), *REAL_TASKS[1:]])):
             if not (model if step == "make-model" else data / "train.parquet").exists():
                 print(f"meshrl {step} ...", flush=True)
-                subprocess.run([sys.executable, "-m", "services.cli", step, *argv], cwd=ROOT, check=True)
+                subprocess.run([sys.executable, "-m", "meshrl_cli", step, *argv], cwd=ROOT, check=True)
     else:
-        from services.cli.quickstart import prepare as prepare_quickstart
+        from meshrl_cli.quickstart import prepare as prepare_quickstart
 
         model, data, _ = prepare_quickstart(work, args.seed, args.warm_steps, log=lambda line: print(line, flush=True))
     write_rows(read_rows(data / "test.parquet")[: args.val], work / "data-val" / "test.parquet")

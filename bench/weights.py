@@ -84,7 +84,7 @@ def receiver(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightReceiver
+    from rollout_svc.weights.receiver import WeightReceiver
 
     sock = socket.create_connection(("127.0.0.1", args.tcp_port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -127,7 +127,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
 
     numel = int(args.tensor_mb * (1 << 20)) // 4
     count = max(1, round(args.gb * 1024 / args.tensor_mb))

@@ -300,7 +300,7 @@ def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: i
     import yaml
 
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
     from services.weights.plan import DTYPES, wire_dtype_for
 
     model_dir = build_model(name, Path(args.workdir))

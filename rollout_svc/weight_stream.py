@@ -245,7 +245,7 @@ class WorkerWeightStream:
     def __init__(self, worker: Any, cfg_json: str, replica_id: str, served_version: int, served_session: int,
                  manifest_json: str | None, notify_addr: str | None, promoted_only: bool = False):
         from services.config.weights import WeightChannelConfig
-        from services.weights import WeightReceiver
+        from rollout_svc.weights.receiver import WeightReceiver
 
         cfg = WeightChannelConfig.model_validate_json(cfg_json)
         if cfg.receive_ahead_buckets == 0:  # 0 = a whole version: never here, it would be a model copy

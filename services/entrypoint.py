@@ -4,6 +4,11 @@
     meshrl-trainer | meshrl-rollout | meshrl-reward | meshrl-feeder ...    (the same, as console scripts)
     python -m feeder_svc --config feeder.yaml [--state FILE] ...
 
+and the shape of the processes that take a job spec or flags instead of a view
+(``python -m controller_svc JOB.yaml``, ``python -m gateway_svc``, ``python -m worker_svc``,
+each also a ``meshrl`` subcommand): a module with ``add_arguments(parser)`` and
+``run(args) -> int``, started by :func:`run_command`, which turns a failure into one line.
+
 ``--config`` is the service's view (``meshrl views JOB.yaml --out DIR`` writes them;
 ``meshrl run`` writes them under ``<run_dir>/config/``). ``a.b=c`` overrides -- keys of the
 view -- may appear anywhere on the line. ``--help`` is instant: no torch, no vLLM.
@@ -12,10 +17,11 @@ view -- may appear anywhere on the line. ``--help`` is instant: no torch, no vLL
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from services.config.loader import ConfigError, is_override
 
@@ -69,3 +75,78 @@ def pin_or_exit(cpus: str | None, key: str, service: str, *, vllm: bool = False)
     except ValueError as exc:
         print(f"{service}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def add_spec_arguments(p: argparse.ArgumentParser) -> None:
+    """The positional ``spec`` and ``overrides`` every job-spec command takes."""
+    p.add_argument("spec", help="job spec YAML")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.optim.lr=1e-6 rollout.n=4")
+
+
+def load_spec_or_report(args: argparse.Namespace) -> Any | None:
+    """The validated job spec of ``args.spec`` + ``args.overrides``; None after printing
+    the problems (each ``field: what is wrong``) to stderr."""
+    from services.config.job import JobSpecError, load_job
+    from services.config.loader import is_override
+
+    words = [args.spec, *args.overrides]  # overrides may come before the spec too
+    files = [w for w in words if not is_override(w)]
+    if len(files) != 1:
+        print(f"expected one job spec file and a.b=c overrides, got {files or 'no file'}", file=sys.stderr)
+        return None
+    args.spec, args.overrides = files[0], [w for w in words if is_override(w)]
+    try:
+        return load_job(args.spec, args.overrides)
+    except JobSpecError as exc:
+        print(f"{args.spec}: {exc}", file=sys.stderr)
+        return None
+
+
+def check_inputs_or_report(spec: Any, spec_path: str) -> bool:
+    """True when the model and data files of ``spec`` can be read and every registry name
+    it uses exists; else print one line per problem to stderr and return False. A spec
+    without problems may still get warnings on stderr (one line each: what it gives up)."""
+    from services.config.names import name_problems
+    from services.data.check import check_inputs
+
+    from services.supervision import resume_warnings
+
+    problems = check_inputs(spec) + name_problems(spec)
+    for line in problems:
+        print(f"{spec_path}: {line}", file=sys.stderr)
+    if not problems:
+        for line in resume_warnings(spec):
+            print(f"{spec_path}: warning: {line}", file=sys.stderr)
+    return not problems
+
+
+def run_command(prog: str, run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    """``run(args)``, with every failure told as one line on stderr, ``<prog>: <what is
+    wrong>`` (exit 2 for a problem of the input, 1 for anything else; :mod:`services.failures`).
+    The traceback is shown only with ``args.debug`` or ``MESHRL_DEBUG=1``."""
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("MESHRL_DEBUG", "") not in ("", "0")
+    try:
+        return int(run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place failures become one line
+        if debug:
+            raise
+        from services.failures import describe
+
+        line, code = describe(exc)
+        print(f"{prog}: {line}", file=sys.stderr)
+        return code
+
+
+def command_main(service: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+                 run: Callable[[argparse.Namespace], int | None], argv: Sequence[str] | None = None) -> int:
+    """A process's ``python -m <service>_svc`` (or ``meshrl-<service>``) entry: parse with
+    :func:`parse_with_overrides`, then :func:`run_command`."""
+    script = f"meshrl-{service}"
+    prog = script if Path(sys.argv[0]).name == script else f"python -m {service}_svc"
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure (also MESHRL_DEBUG=1)")
+    add_arguments(parser)
+    return run_command(prog, run, parse_with_overrides(parser, argv))

@@ -7,7 +7,7 @@ When a service can do its work it prints exactly one line on stdout::
 ``service`` is trainer / rollout / reward / feeder; ``id`` the instance (replica, consumer
 name); ``addresses`` maps each endpoint (``metrics``, ``grpc``, ``weights``) to
 ``host:port``; further keys are facts a launcher or a test may check (``world_size``,
-``device``, ``dtype``, ``version``, ``step``). Launchers (``services.launch``) and tests
+``device``, ``dtype``, ``version``, ``step``). Launchers (``controller_svc``) and tests
 read it with :func:`parse_ready_line` / :func:`wait_for_ready`; nothing parses it by hand.
 """
 

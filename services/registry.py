@@ -5,7 +5,7 @@
 built-in scorer and ``rollout.multi_turn.format`` name something that exists
 (:mod:`services.config.names`). What those names stand for lives in the service packages
 (the estimators and losses in ``trainer_svc``, which needs torch; the scorers in
-``reward_svc``; the tool-call parsers in ``rollout_svc``), and the shared core imports no
+``reward_svc``; the tool-call parsers in ``rollout_svc``; the loggers in ``controller_svc``), and the shared core imports no
 service package. So each kind of name is a :class:`NameRegistry` here, filled from two
 sides:
 
@@ -78,3 +78,6 @@ def scorer_family(data_source: str) -> str | None:
 
 #: ``rollout.multi_turn.format`` without a dot (``rollout_svc.agent.parsers.BUILTIN_PARSERS``).
 TOOL_PARSERS = NameRegistry("tool-call parser", ("hermes", "openai"))
+
+#: ``trainer.logger`` (``controller_svc.tracking.base.LOGGERS``: the controller runs them).
+LOGGERS = NameRegistry("logger", ("console", "jsonl", "mlflow", "tensorboard", "wandb"))

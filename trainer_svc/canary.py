@@ -124,7 +124,7 @@ class Candidate:
 
 class CanaryGate:
     """Rank 0's side of the gate (module docstring): ``publisher`` is the trainer's
-    :class:`~services.weights.publisher.WeightPublisher`."""
+    :class:`~trainer_svc.weights.publisher.WeightPublisher`."""
 
     def __init__(self, cfg: RolloutGateConfig, publisher: Any, batch_samples: int, max_staleness: int = 1,
                  park_limit: int = 0, window: int = 0) -> None:
@@ -316,7 +316,7 @@ def park_limit(window: int, batch_groups: int, needed_groups: int) -> int:
 
 def next_offer(rollout: Any, version: int, published: int, offered_again: int, max_staleness: int) -> str | None:
     """What the trainer, at ``version``, offers the publisher's gate (``rollout``: its
-    :class:`~services.weights.promotion.RolloutState`; ``published``: the newest version
+    :class:`~trainer_svc.weights.promotion.RolloutState`; ``published``: the newest version
     number the publisher took, held back or not) when it could offer a candidate:
 
     * ``"new"``: its current weights never reached the gate (weights made while a candidate

@@ -57,7 +57,7 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
         registry = CollectorRegistry()
         metrics = TrainerMetrics(registry)
         if spec.weights is not None:
-            from services.weights import WeightPublisher
+            from trainer_svc.weights.publisher import WeightPublisher
 
             publisher = WeightPublisher(spec.weights, registry=registry).start()
             if spec.weights.canary and spec.queues is not None:

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from services.registry import (
-    ADV_ESTIMATORS, POLICY_LOSSES, SCORER_FAMILIES, SCORERS, TOOL_PARSERS, NameRegistry, scorer_family,
+    ADV_ESTIMATORS, LOGGERS, POLICY_LOSSES, SCORER_FAMILIES, SCORERS, TOOL_PARSERS, NameRegistry, scorer_family,
 )
 
 
@@ -124,10 +124,8 @@ def tool_problems(spec: Any) -> list[str]:
 
 
 def logger_problems(spec: Any) -> list[str]:
-    from services.tracking.base import LOGGERS
-
     names = _get(spec, "trainer.logger") or []
-    return [_unknown("trainer.logger", "logger", str(n), LOGGERS) for n in names if str(n) not in LOGGERS]
+    return [p for n in names for p in _unknown_name("trainer.logger", str(n), LOGGERS)]
 
 
 def name_problems(spec: Any) -> list[str]:

@@ -1,4 +1,4 @@
-"""``services.restart``: how a job's services are supervised (see services/launch/supervision.py)."""
+"""``services.restart``: how a job's services are supervised (see services/supervision.py)."""
 
 from __future__ import annotations
 

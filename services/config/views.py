@@ -318,9 +318,9 @@ TAKES: dict[str, tuple[Take, ...]] = {
 CONTROLLER_ONLY: dict[str, str] = {
     "services.rollout.replicas": "how many rollout processes the launcher starts",
     "services.reward.replicas": "how many reward processes the launcher starts",
-    **{f"services.restart.{k}": "supervision of the services by the launcher (services/launch/supervision.py)"
+    **{f"services.restart.{k}": "supervision of the services by the launcher (services/supervision.py)"
        for k in ("max_restarts", "backoff_s", "backoff_max_s", "heartbeat_timeout_s", "stall_warn_s", "stall_timeout_s")},
-    "services.launcher": "which launcher starts the services (services/launch/ray_placement.py for ray)",
+    "services.launcher": "which launcher starts the services (controller_svc/ray_placement.py for ray)",
     **{f"services.ray.{k}": "the Ray cluster and the job's placement group, used by the Ray launcher only"
        for k in ("address", "strategy", "placement_timeout_s", "namespace")},
     **{f"services.{svc}.ray.{k}": "the resource request of the service's Ray actor, made by the Ray launcher"

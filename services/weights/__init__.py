@@ -1,4 +1,8 @@
-"""The weight channel: the trainer publishes each policy version to every rollout replica.
+"""The weight channel's shared half: what the trainer's publisher and the replicas'
+receivers agree on (bucket plans, control messages, the data-plane group, snapshots,
+errors). The two ends live with the processes that run them:
+:mod:`trainer_svc.weights` (the publisher, its gRPC servicer, promotion) and
+:mod:`rollout_svc.weights` (the receiver, the probe).
 
 Trainer rank 0::
 
@@ -28,8 +32,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-# Names are imported lazily (PEP 562) so ``python -m services.weights.probe --help`` and
-# config-only users do not pay for importing torch.
+# Names are imported lazily (PEP 562) so config-only users do not pay for importing torch.
 _WHERE = {
     "PlanError": "errors",
     "SnapshotError": "errors",
@@ -42,10 +45,6 @@ _WHERE = {
     "TensorSpec": "plan",
     "iter_buckets": "plan",
     "PublishReport": "report",
-    "WeightPublisher": "publisher",
-    "Snapshot": "receiver",
-    "Update": "receiver",
-    "WeightReceiver": "receiver",
 }
 
 
@@ -58,8 +57,6 @@ def __getattr__(name: str) -> object:
 if TYPE_CHECKING:
     from services.weights.errors import PlanError, SnapshotError, TransferError, VersionError, WeightChannelError
     from services.weights.plan import ALIGN, DTYPES, Bucket, TensorSpec, iter_buckets
-    from services.weights.publisher import WeightPublisher
-    from services.weights.receiver import Snapshot, Update, WeightReceiver
     from services.weights.report import PublishReport
 
 __all__ = [
@@ -68,14 +65,10 @@ __all__ = [
     "Bucket",
     "PlanError",
     "PublishReport",
-    "Snapshot",
     "SnapshotError",
     "TensorSpec",
     "TransferError",
-    "Update",
     "VersionError",
     "WeightChannelError",
-    "WeightPublisher",
-    "WeightReceiver",
     "iter_buckets",
 ]

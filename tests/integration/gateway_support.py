@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from services.gateway.launchers.local import LocalLauncher
+from gateway_svc.launchers.local import LocalLauncher
 
 FAKE_JOB = Path(__file__).with_name("gateway_fake_job.py")
 TOKEN = "test-token-0123456789"
@@ -62,7 +62,7 @@ def wait_until(pred: Callable[[], Any], timeout: float = 20.0, what: str = "cond
 @contextmanager
 def running_gateway(tmp_path: Path, launcher: LocalLauncher, db_url: str | None = None, grpc: bool = True) -> Iterator[Any]:
     """A real gateway (uvicorn + gRPC) on free loopback ports; stopped and jobs cancelled after."""
-    from services.gateway.server import Gateway, GatewaySettings
+    from gateway_svc.server import Gateway, GatewaySettings
 
     settings = GatewaySettings(
         token=TOKEN, host="127.0.0.1", port=0, grpc_port=0 if grpc else None, db_url=db_url,

@@ -28,7 +28,7 @@ class Job:
 
     def __init__(self, run_dir: Path, model: str, data: Path, *overrides: str) -> None:
         self.run_dir = run_dir
-        self.argv = [sys.executable, "-m", "services.cli", "run", str(REPO / "examples/quickstart.yaml"),
+        self.argv = [sys.executable, "-m", "meshrl_cli", "run", str(REPO / "examples/quickstart.yaml"),
                      f"model.path={model}", f"data.train_files={data}", *BASE_OVERRIDES, *overrides,
                      "--run-dir", str(run_dir), "--no-progress"]
         self.proc: subprocess.Popen | None = None

@@ -32,7 +32,7 @@ def events(st: dict) -> list[tuple[int, str]]:
 
 
 def meshrl_canary(run_dir, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "canary", str(run_dir), *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "meshrl_cli", "canary", str(run_dir), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -28,7 +28,8 @@ K8S = ROOT / "deploy" / "k8s"
 PROM = ROOT / "deploy" / "prometheus"
 GRAFANA = ROOT / "deploy" / "grafana"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-CODE_DIRS = ("services", "rollout_svc", "reward_svc", "trainer_svc", "feeder_svc")
+CODE_DIRS = ("services", "rollout_svc", "reward_svc", "trainer_svc", "feeder_svc", "controller_svc", "gateway_svc",
+             "worker_svc", "meshrl_cli")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -232,7 +233,7 @@ def test_every_command_and_flag_exists():
     for target, flags in inv:
         if target not in helps:
             if target.startswith("meshrl "):
-                argv = [sys.executable, "-m", "services.cli", target.split()[1], "--help"]
+                argv = [sys.executable, "-m", "meshrl_cli", target.split()[1], "--help"]
             else:
                 assert importlib.util.find_spec(target) is not None, f"no module {target}"
                 argv = [sys.executable, "-m", target, "--help"]
@@ -244,8 +245,8 @@ def test_every_command_and_flag_exists():
 
 
 def test_ports_match_the_job_config_and_the_code():
-    from services.cli import gateway as gateway_cli
-    from services.gateway import server
+    from meshrl_cli import gateway as gateway_cli
+    from gateway_svc import server
 
     assert gateway_cli.DEFAULT_HTTP_PORT == server.DEFAULT_HTTP_PORT == 8600
     assert gateway_cli.DEFAULT_GRPC_PORT == server.DEFAULT_GRPC_PORT == 8601

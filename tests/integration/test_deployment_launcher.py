@@ -1,5 +1,5 @@
 """The gateway's ``deployment`` launcher and the ``meshrl worker`` loop, with real worker
-processes (``python -m services.cli worker``) whose services are small real commands; the
+processes (``python -m meshrl_cli worker``) whose services are small real commands; the
 whole stack with the real services runs in tests/integration/test_compose_podman.py.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.gateway.launchers.base import JobState, LaunchError
-from services.gateway.launchers.deployment import DeploymentLauncher
-from services.launch.handoff import CURRENT
+from gateway_svc.launchers.base import JobState, LaunchError
+from gateway_svc.launchers.deployment import DeploymentLauncher
+from services.handoff import CURRENT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,7 +59,7 @@ class Workers:
     def start(self, role: str, *command: str, ends_job: bool = False, name: str | None = None,
               scrape: str | None = None) -> subprocess.Popen:
         name = name or f"{role}-{len(self.procs)}"
-        argv = [sys.executable, "-m", "services.cli", "worker", "--role", role, "--runs-dir", str(self.runs), "--grace", "5",
+        argv = [sys.executable, "-m", "meshrl_cli", "worker", "--role", role, "--runs-dir", str(self.runs), "--grace", "5",
                 "--name", name, "--state-file", str(self.runs / f"{name}.state")]
         if ends_job:
             argv.append("--ends-job")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from services.cli import main as cli_main
+from meshrl_cli import main as cli_main
 from services.readiness import OutputWatcher
 from tests.integration.gateway_support import wait_until
 

@@ -93,11 +93,11 @@ async def test_sync_feeder_waits_for_the_batch_and_the_replicas(tmp_path, broker
 @pytest.mark.timeout(900)
 def test_a_sync_job_trains_only_on_policy(tmp_path, tiny_model):
     data = tmp_path / "arith"
-    subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(data), "--train-size", "64",
+    subprocess.run([sys.executable, "-m", "meshrl_cli", "make-dataset", "arith", str(data), "--train-size", "64",
                     "--test-size", "8", "--max-operand", "9", "--ops", "+"], check=True, cwd=REPO, capture_output=True)
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "run", str(REPO / "examples/quickstart.yaml"),
+        [sys.executable, "-m", "meshrl_cli", "run", str(REPO / "examples/quickstart.yaml"),
          f"model.path={tiny_model}", f"data.train_files={data / 'train.parquet'}", "data.val_files=[]",
          "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4", "trainer.total_steps=3",
          "async.mode=sync", "async.max_staleness=0", "algorithm.off_policy.mode=none",

@@ -25,10 +25,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_gateway_refuses_to_start_without_a_token(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "services.cli", "gateway", "--runs-dir", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "meshrl_cli", "gateway", "--runs-dir", str(tmp_path)],
                        env=_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "MESHRL_GATEWAY_TOKEN" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "services.cli", "gateway", "--runs-dir", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "meshrl_cli", "gateway", "--runs-dir", str(tmp_path)],
                        env=_env(MESHRL_GATEWAY_TOKEN="short"), capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "token" in r.stderr
 
@@ -38,7 +38,7 @@ def test_gateway_process_serves_and_stops_on_sigterm(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("cli-token-123456\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "gateway", "--port", str(http), "--grpc-port", str(rpc),
+        [sys.executable, "-m", "meshrl_cli", "gateway", "--port", str(http), "--grpc-port", str(rpc),
          "--runs-dir", str(tmp_path / "runs"), "--token-file", str(token_file), "--db",
          f"sqlite:///{tmp_path / 'jobs.db'}"],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

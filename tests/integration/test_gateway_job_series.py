@@ -24,7 +24,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.gateway.launchers.deployment import DeploymentLauncher
+from gateway_svc.launchers.deployment import DeploymentLauncher
 from services.net import free_port
 from tests.integration.gateway_support import auth, running_gateway, wait_until
 from tests.integration.test_deployment_launcher import Workers

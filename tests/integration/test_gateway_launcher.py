@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.launchers.base import JobState, LaunchError
-from services.gateway.launchers.registry import make_launcher
-from services.gateway.launchers.local import LocalLauncher, _proc_stat
+from gateway_svc.launchers.base import JobState, LaunchError
+from gateway_svc.launchers.registry import make_launcher
+from gateway_svc.launchers.local import LocalLauncher, _proc_stat
 from tests.integration.gateway_support import VALID_SPEC_YAML, fake_launcher, wait_until
 
 pytestmark = pytest.mark.timeout(60)

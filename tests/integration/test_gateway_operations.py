@@ -120,7 +120,7 @@ def test_events_record_a_job_life_including_a_service_restart(tmp_path):
 
 
 def test_max_running_jobs_queues_submits_first_in_first_out(tmp_path):
-    from services.gateway.server import Gateway, GatewaySettings
+    from gateway_svc.server import Gateway, GatewaySettings
 
     launcher = fake_launcher(FAKE_STEPS=25, FAKE_INTERVAL=0.15)  # long enough to see the others wait
     settings = GatewaySettings(token=TOKEN, port=0, grpc_port=None, runs_dir=tmp_path / "runs", poll_interval=0.1,
@@ -288,14 +288,14 @@ def test_a_queue_password_is_never_stored_or_returned_but_the_job_gets_it(tmp_pa
 
 def test_a_too_short_token_is_refused_without_echoing_it(tmp_path):
     secret = "s3cr7"
-    r = subprocess.run([sys.executable, "-m", "services.cli", "gateway", "--runs-dir", str(tmp_path), "--port", "0",
+    r = subprocess.run([sys.executable, "-m", "meshrl_cli", "gateway", "--runs-dir", str(tmp_path), "--port", "0",
                         "--grpc-port", "-1"], env={**os.environ, "MESHRL_GATEWAY_TOKEN": secret},
                        cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 2 and "token" in r.stderr and "at least 8" in r.stderr, r.stderr
     assert secret not in r.stderr + r.stdout
     from pydantic import ValidationError
 
-    from services.gateway.server import GatewaySettings
+    from gateway_svc.server import GatewaySettings
 
     with pytest.raises(ValidationError) as err:
         GatewaySettings(token=secret)

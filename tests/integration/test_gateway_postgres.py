@@ -10,7 +10,7 @@ import httpx
 import psycopg
 import pytest
 
-from services.gateway.store import SCHEMA_VERSION, JobRow, JobStore, open_store
+from gateway_svc.store import SCHEMA_VERSION, JobRow, JobStore, open_store
 from tests.integration.gateway_support import VALID_SPEC, auth, fake_launcher, running_gateway, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -56,7 +56,7 @@ def test_postgres_store_migrates_and_roundtrips(pg_url):
 
 
 def test_unreachable_postgres_is_a_clear_error():
-    from services.gateway.store import StoreError
+    from gateway_svc.store import StoreError
 
     with pytest.raises(StoreError, match="cannot connect"):
         JobStore("postgresql://nobody:secret@127.0.0.1:1/none").version()

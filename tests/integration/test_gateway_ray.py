@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.gateway.launchers.base import JobState, LaunchError
+from gateway_svc.launchers.base import JobState, LaunchError
 from services.net import free_port, port_open
 from tests.integration.gateway_support import FAKE_JOB, VALID_SPEC, VALID_SPEC_YAML, auth, running_gateway, wait_until
 
@@ -54,7 +54,7 @@ def ray_cluster(tmp_path_factory):
 
 
 def _launcher(address: str, **env):
-    from services.gateway.launchers.ray import RayLauncher
+    from gateway_svc.launchers.ray import RayLauncher
 
     return RayLauncher(address, command=[sys.executable, str(FAKE_JOB)], env={k: str(v) for k, v in env.items()})
 

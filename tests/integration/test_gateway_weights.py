@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from services.gateway.launchers.local import clean_weights
+from gateway_svc.launchers.local import clean_weights
 from services.pb import job_pb2, job_pb2_grpc
 from tests.integration.gateway_support import TOKEN, VALID_SPEC, auth, fake_launcher, running_gateway, wait_until
 

@@ -35,7 +35,7 @@ def trained(tiny_model, tmp_path_factory):
 
 
 def _meshrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "meshrl_cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_export_equals_trainer_weights_and_loads_in_transformers(trained, tiny_model, tmp_path):

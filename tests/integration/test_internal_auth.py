@@ -120,7 +120,8 @@ async def test_queue_client_with_a_wrong_credential_fails_clearly():
 def test_weight_publisher_refuses_every_rpc_without_the_credential():
     from services.pb import weights_pb2 as pb
     from services.pb import weights_pb2_grpc as pb_grpc
-    from services.weights import WeightPublisher, WeightReceiver
+    from trainer_svc.weights.publisher import WeightPublisher
+    from rollout_svc.weights.receiver import WeightReceiver
 
     cfg = WeightChannelConfig(control_port=0, bucket_mb=0.001, transfer_timeout_s=10.0)
     pub = WeightPublisher(cfg).start()
@@ -156,7 +157,9 @@ def test_weight_publisher_refuses_every_rpc_without_the_credential():
 
 @pytest.mark.distributed
 def test_weight_receiver_with_a_wrong_credential_never_subscribes():
-    from services.weights import TransferError, WeightPublisher, WeightReceiver
+    from services.weights import TransferError
+    from trainer_svc.weights.publisher import WeightPublisher
+    from rollout_svc.weights.receiver import WeightReceiver
 
     cfg = WeightChannelConfig(control_port=0, transfer_timeout_s=10.0, connect_timeout_s=2.0)
     pub = WeightPublisher(cfg).start()
@@ -252,7 +255,8 @@ def _listening() -> set[tuple[str, int]]:
 @pytest.mark.distributed
 def test_rendezvous_store_and_gloo_ports_listen_on_the_job_address_only():
     from services.net import free_port, tcp_store
-    from services.weights import WeightPublisher, WeightReceiver
+    from trainer_svc.weights.publisher import WeightPublisher
+    from rollout_svc.weights.receiver import WeightReceiver
 
     before = _listening()
     store = tcp_store("127.0.0.1", free_port(), 10.0, is_master=True, world_size=None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from services.config.queues import EmbeddedQueueConfig
-from services.launch.ledger import Ledger, audit
+from services.ledger import Ledger, audit
 from services.queues import make_queue
 
 

@@ -93,7 +93,7 @@ def test_every_service_finds_a_worker_group_with_its_resources_and_cpus():
     assert job.services.launcher == "ray"
     rayjob = d["RayJob"]
     assert rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
-    from services.launch.ray_placement import instance_names, request_of
+    from controller_svc.ray_placement import instance_names, request_of
 
     # place every instance's bundle on the groups' nodes, first fit (what Ray must manage too)
     free = [{"CPU": float(g["rayStartParams"]["num-cpus"]), **_ray_resources(g)}
@@ -128,7 +128,7 @@ def test_the_entrypoint_runs_the_mounted_job_with_the_ray_launcher():
         for pod in every_pod:
             assert any(path.startswith(m["mountPath"] + "/") for m in pod["containers"][0]["volumeMounts"]), (path, pod)
     # meshrl's own parser accepts the entrypoint as it is
-    from services.cli import build_parser
+    from meshrl_cli import build_parser
     from services.entrypoint import parse_with_overrides
 
     args = parse_with_overrides(build_parser(), argv[1:])

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from services.gateway.launchers.local import LocalLauncher
+from gateway_svc.launchers.local import LocalLauncher
 from tests.integration.gateway_support import TOKEN, auth, running_gateway, wait_until
 from tests.fixtures.jobs import tiny_job_spec
 

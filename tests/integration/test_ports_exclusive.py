@@ -12,7 +12,7 @@ from services.net import free_port
 
 
 def test_a_second_weight_publisher_on_the_same_port_fails():
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
 
     port = free_port()
     first = WeightPublisher(WeightChannelConfig(control_port=port)).start()

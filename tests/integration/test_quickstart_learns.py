@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 
 def test_the_quick_start_learns_in_its_first_30_steps(tmp_path):
-    cmd = [sys.executable, "-m", "services.cli", "quickstart", "--out", str(tmp_path / "qs"), "--seed", "0",
+    cmd = [sys.executable, "-m", "meshrl_cli", "quickstart", "--out", str(tmp_path / "qs"), "--seed", "0",
            "--no-progress", "trainer.total_steps=30", "data.val_files=[]"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1700)
     out = proc.stdout + proc.stderr

@@ -78,7 +78,7 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
 
     from services.config.views import RolloutView, write_view
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
 
     pub = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=0, transfer_timeout_s=30.0,
                                               snapshot_dir=str(tmp_path / "snapshots"))).start()
@@ -177,7 +177,7 @@ def test_openai_client_gets_the_live_policy_and_follows_its_weight_updates(tmp_p
 
 
 def _meshrl(*args: str, timeout: float) -> str:
-    r = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout,
+    r = subprocess.run([sys.executable, "-m", "meshrl_cli", *args], capture_output=True, text=True, timeout=timeout,
                        env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
     assert r.returncode == 0, f"meshrl {args[0]} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     return r.stdout

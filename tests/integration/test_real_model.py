@@ -114,7 +114,7 @@ def test_replica_and_transformers_agree_on_log_probs(smollm2: str, replica) -> N
 
 
 def _meshrl(*args: str, timeout: int = 800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "meshrl_cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 

@@ -462,7 +462,7 @@ def test_weight_channel_two_replicas_kill_and_snapshot_rejoin(rig, tiny_model: s
 
     from rollout_svc.subscriber import run_weight_subscriber
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
 
     el, engine, replica = rig
     pub = WeightPublisher(WeightChannelConfig(host="127.0.0.1", control_port=0, transfer_timeout_s=10.0)).start()
@@ -549,7 +549,7 @@ def test_restarted_trainer_rolls_replicas_back(rig, tiny_model: str) -> None:
 
     from rollout_svc.subscriber import run_weight_subscriber
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
 
     el, engine, replica = rig
     original = load_file(f"{tiny_model}/model.safetensors")
@@ -595,7 +595,7 @@ def test_channel_streams_split_bf16_buckets_into_the_worker(rig, tiny_model: str
 
     from rollout_svc.subscriber import run_weight_subscriber
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
 
     def digest(t):
         return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()

@@ -40,7 +40,7 @@ def _run(tmp_path, model, data, *overrides, timeout=600):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         # options first, overrides last (verl's habit): overrides may come anywhere
-        [sys.executable, "-m", "services.cli", "run", str(REPO / "examples/quickstart.yaml"),
+        [sys.executable, "-m", "meshrl_cli", "run", str(REPO / "examples/quickstart.yaml"),
          "--run-dir", str(run_dir), f"model.path={model}", "--no-progress", f"data.train_files={data}",
          "data.val_files=[]", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4",
          "trainer.total_steps=2", *overrides],

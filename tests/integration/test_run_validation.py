@@ -23,12 +23,12 @@ def test_validation_rounds_and_loggers_on_a_real_job(tmp_path, tiny_model):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     data = tmp_path / "arith"
-    subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(data),
+    subprocess.run([sys.executable, "-m", "meshrl_cli", "make-dataset", "arith", str(data),
                     "--train-size", "64", "--test-size", "6", "--max-operand", "9", "--ops", "+"],
                    check=True, cwd=REPO, capture_output=True)
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "run", str(REPO / "examples/quickstart.yaml"),
+        [sys.executable, "-m", "meshrl_cli", "run", str(REPO / "examples/quickstart.yaml"),
          "--run-dir", str(run_dir), "--no-progress",  # options first, overrides after (verl users' habit)
          f"model.path={tiny_model}", f"data.train_files={data / 'train.parquet'}",
          f"data.val_files={data / 'test.parquet'}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",

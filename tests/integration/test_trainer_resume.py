@@ -171,7 +171,7 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     got = probe.wait_event(lambda e: e["event"] in ("update", "snapshot") and e["version"] == 3)
     assert probe.proc.wait(timeout=30) == 0
     saved = _checkpoint_params(b / "ckpt" / "global_step_3" / "model", tmp_path / "full.pt")
-    from services.weights.probe import tensor_digest
+    from rollout_svc.weights.probe import tensor_digest
 
     assert set(got["digest"]) <= set(saved), set(got["digest"]) - set(saved)
     assert "model.layers.0.self_attn.q_proj.weight" in got["digest"]
@@ -200,10 +200,10 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 class Probe:
-    """A real weight receiver process (``python -m services.weights.probe``), until version 3."""
+    """A real weight receiver process (``python -m rollout_svc.weights.probe``), until version 3."""
 
     def __init__(self, address: str) -> None:
-        cmd = [sys.executable, "-m", "services.weights.probe", "--address", address, "--replica-id", "r0",
+        cmd = [sys.executable, "-m", "rollout_svc.weights.probe", "--address", address, "--replica-id", "r0",
                "--until-version", "3", "--timeout", "30", "--catch-up"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         self.events: list[dict] = []

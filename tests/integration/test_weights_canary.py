@@ -18,7 +18,8 @@ import torch
 from services.config.weights import WeightChannelConfig
 from services.pb import weights_pb2 as pb
 from services.pb import weights_pb2_grpc as pb_grpc
-from services.weights import WeightPublisher, WeightReceiver
+from trainer_svc.weights.publisher import WeightPublisher
+from rollout_svc.weights.receiver import WeightReceiver
 from services.weights.errors import VersionError
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]

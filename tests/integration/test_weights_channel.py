@@ -1,5 +1,5 @@
 """Weight channel end to end: a real publisher (gRPC + gloo over a TCPStore) and real
-receiver processes (``python -m services.weights.probe``) on loopback.
+receiver processes (``python -m rollout_svc.weights.probe``) on loopback.
 
 Covers: bitwise-identical delivery to two replica processes over several versions; a
 replica SIGKILLed mid-broadcast (the publisher fails that transfer without waiting a full
@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from services.config.weights import WeightChannelConfig
-from services.weights import WeightPublisher
-from services.weights.probe import tensor_digest
+from trainer_svc.weights.publisher import WeightPublisher
+from rollout_svc.weights.probe import tensor_digest
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
@@ -54,7 +54,7 @@ class Probe:
 
     def __init__(self, address: str, replica_id: str, until: int, *extra: str, timeout: float = 20.0):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-        cmd = [sys.executable, "-m", "services.weights.probe", "--address", address, "--replica-id", replica_id,
+        cmd = [sys.executable, "-m", "rollout_svc.weights.probe", "--address", address, "--replica-id", replica_id,
                "--until-version", str(until), "--timeout", str(timeout), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         self.events: list[dict] = []

@@ -48,7 +48,7 @@ def test_nccl_channel_into_a_gpu_vllm_worker(tiny_model: str, serve_dtype: str) 
     from rollout_svc.subscriber import run_weight_subscriber
     from services.config.rollout import RolloutConfig
     from services.config.weights import WeightChannelConfig
-    from services.weights import WeightPublisher
+    from trainer_svc.weights.publisher import WeightPublisher
 
     pub = WeightPublisher(WeightChannelConfig(control_port=0, backend="nccl", transfer_timeout_s=60.0,
                                               bucket_mb=0.05)).start()  # tiny buckets: split tensors too

@@ -13,7 +13,9 @@ import torch
 
 from services import auth
 from services.config.weights import WeightChannelConfig
-from services.weights import PlanError, TransferError, VersionError, WeightPublisher, WeightReceiver
+from services.weights import PlanError, TransferError, VersionError
+from trainer_svc.weights.publisher import WeightPublisher
+from rollout_svc.weights.receiver import WeightReceiver
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(120)]
 
@@ -157,7 +159,7 @@ def test_restarted_publisher_starts_a_new_version_line():
 _PUBLISHER = """
 import sys, torch
 from services.config.weights import WeightChannelConfig
-from services.weights import WeightPublisher
+from trainer_svc.weights.publisher import WeightPublisher
 cfg = WeightChannelConfig(control_port=int(sys.argv[1]), rendezvous_port=int(sys.argv[2]), bucket_mb=0.001,
                           transfer_timeout_s=10.0)
 pub = WeightPublisher(cfg).start()

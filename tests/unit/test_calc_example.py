@@ -1,4 +1,4 @@
-"""The tool-use example's preparation (services/cli/calc_example.py): a compact call the
+"""The tool-use example's preparation (meshrl_cli/calc_example.py): a compact call the
 Hermes parser accepts, one transcript layout, and a warm start that stops at its target."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rollout_svc.agent.parsers import HermesParser
-from services.cli.calc_example import CALL_TOKENS, calc_rows, call_text, transcript_examples
+from meshrl_cli.calc_example import CALL_TOKENS, calc_rows, call_text, transcript_examples
 from services.modelling.tiny import TinyModelSpec, build_tiny_model
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1)
@@ -55,7 +55,7 @@ def test_every_transcript_has_one_layout(calc_model: Path) -> None:
 
 
 def test_warm_start_stops_when_told(calc_model: Path, tmp_path: Path) -> None:
-    from services.warmstart import warm_start
+    from trainer_svc.warmstart import warm_start
 
     examples = [([1, 2, 3, 4, 5, 6], 2)] * 4
     checked = []
@@ -75,7 +75,7 @@ def test_warm_start_stops_when_told(calc_model: Path, tmp_path: Path) -> None:
 def test_data_only_prompts_describe_a_call_the_hermes_parser_reads(tmp_path: Path) -> None:
     import re
 
-    from services.cli.calc_example import TOOL_SYSTEM, main
+    from meshrl_cli.calc_example import TOOL_SYSTEM, main
     from services.data.files import read_rows
 
     assert main(["--data-only", "--out", str(tmp_path)]) == 0

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from services.cli.errors import describe
+from services.failures import describe
 
 
 def test_describe_makes_one_line_per_kind_of_failure(tmp_path):
@@ -34,7 +34,7 @@ def test_describe_makes_one_line_per_kind_of_failure(tmp_path):
 
 
 def _meshrl(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "meshrl_cli", *args], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, **(env or {})))
 
 

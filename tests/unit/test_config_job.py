@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from services.cli import main as cli_main
+from meshrl_cli import main as cli_main
 from services.config.job import JobSpecError, apply_overrides, dump_job, load_job, parse_job
 from tests.fixtures.specs import MINIMAL_SPEC
 

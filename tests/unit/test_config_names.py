@@ -50,7 +50,7 @@ def test_a_good_spec_has_no_name_problems(inputs):
 
 
 def _meshrl(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "meshrl_cli", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd)
 
 

@@ -27,10 +27,10 @@ def test_every_key_is_listed_with_type_default_and_description():
 
 
 def test_cli_prints_the_schema():
-    out = subprocess.run([sys.executable, "-m", "services.cli", "validate", "--schema"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "meshrl_cli", "validate", "--schema"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and out.stdout == format_schema(JobSpec)
-    grep = subprocess.run([sys.executable, "-m", "services.cli", "config", "--grep", "val_kwargs"], capture_output=True,
+    grep = subprocess.run([sys.executable, "-m", "meshrl_cli", "config", "--grep", "val_kwargs"], capture_output=True,
                           text=True, timeout=120)
     lines = grep.stdout.splitlines()
     assert grep.returncode == 0 and lines[0].startswith("rollout.val_kwargs ") and len(lines) == 6

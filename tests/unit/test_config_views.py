@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from services.cli import main as cli_main
+from meshrl_cli import main as cli_main
 from services.config.job import JobSpec, JobSpecError, parse_job
 from services.config.loader import MOVED_KEYS, ConfigError
 from services.config.views import (
@@ -117,7 +117,7 @@ def test_keys_with_another_home_are_refused_naming_it(old):
 
 def test_trainer_nproc_and_device_are_refused_pointing_to_services(tmp_path):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(BASE))
-    res = subprocess.run([sys.executable, "-m", "services.cli", "run", str(tmp_path / "job.yaml"),
+    res = subprocess.run([sys.executable, "-m", "meshrl_cli", "run", str(tmp_path / "job.yaml"),
                           "trainer.nproc=4", "trainer.device=cuda"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "trainer.nproc: not a key here (each setting has one home): set services.trainer.nproc instead" in res.stderr

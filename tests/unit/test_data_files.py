@@ -104,7 +104,7 @@ def test_gsm8k_and_math_convert_and_score_with_the_builtin_scorers(tmp_path):
 
 
 def _meshrl(*args):
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "meshrl_cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_make_dataset_cli_converts_local_files(tmp_path, tiny_model):

@@ -1,13 +1,13 @@
-"""The gateway's per-job series (services/gateway/job_metrics.py) and secret redaction
-(services/gateway/redact.py) on plain values."""
+"""The gateway's per-job series (gateway_svc/job_metrics.py) and secret redaction
+(gateway_svc/redact.py) on plain values."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.gateway.job_metrics import RECENT_S, job_metrics_text
-from services.gateway.redact import redact_overrides, redact_spec, redact_text, restore
-from services.gateway.store import JobRow
+from gateway_svc.job_metrics import RECENT_S, job_metrics_text
+from gateway_svc.redact import redact_overrides, redact_spec, redact_text, restore
+from gateway_svc.store import JobRow
 
 
 def _series(text: bytes) -> dict[tuple[str, frozenset], float]:

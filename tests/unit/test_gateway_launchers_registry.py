@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from services.gateway.launchers.base import LaunchError, Launcher
-from services.gateway.launchers.registry import LAUNCHERS, launcher_class, make_launcher
+from gateway_svc.launchers.base import LaunchError, Launcher
+from gateway_svc.launchers.registry import LAUNCHERS, launcher_class, make_launcher
 
 
 @pytest.mark.parametrize("kind", sorted(LAUNCHERS))
@@ -32,11 +32,11 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_the_interface_and_the_registry_import_no_launcher():
-    loaded = _modules_after("import services.gateway.launchers.registry")
-    assert not {f"services.gateway.launchers.{k}" for k in LAUNCHERS} & loaded
+    loaded = _modules_after("import gateway_svc.launchers.registry")
+    assert not {f"gateway_svc.launchers.{k}" for k in LAUNCHERS} & loaded
 
 
 def test_a_local_launcher_does_not_import_ray():
-    loaded = _modules_after("from services.gateway.launchers.registry import make_launcher; make_launcher('local')")
-    assert "services.gateway.launchers.local" in loaded
-    assert "ray" not in loaded and "services.gateway.launchers.ray" not in loaded
+    loaded = _modules_after("from gateway_svc.launchers.registry import make_launcher; make_launcher('local')")
+    assert "gateway_svc.launchers.local" in loaded
+    assert "ray" not in loaded and "gateway_svc.launchers.ray" not in loaded

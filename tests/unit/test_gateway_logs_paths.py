@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from services.gateway import logs
-from services.gateway.paths import path_problems
+from gateway_svc import logs
+from gateway_svc.paths import path_problems
 
 
 def test_tail_returns_the_last_lines_whatever_the_file_ends_with(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from services.gateway.launchers.local import clean_progress, read_status_file
+from gateway_svc.launchers.local import clean_progress, read_status_file
 
 
 def test_keeps_good_fields():

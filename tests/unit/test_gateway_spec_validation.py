@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from services.gateway.spec_validation import MAX_SPEC_BYTES, SpecRejected, validate_spec
+from gateway_svc.spec_validation import MAX_SPEC_BYTES, SpecRejected, validate_spec
 from tests.integration.gateway_support import VALID_SPEC, VALID_SPEC_YAML
 
 

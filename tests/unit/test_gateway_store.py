@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from services.gateway.store import MIGRATIONS, SCHEMA_VERSION, JobRow, JobStore, StoreError, open_store
+from gateway_svc.store import MIGRATIONS, SCHEMA_VERSION, JobRow, JobStore, StoreError, open_store
 
 
 def test_migrations_run_once_in_order(tmp_path):

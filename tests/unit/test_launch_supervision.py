@@ -1,12 +1,12 @@
-"""The restart policy every launcher applies (services/launch/supervision.py)."""
+"""The restart policy every launcher applies (services/supervision.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from services.config.job import parse_job
-from services.launch.ledger import Meter
-from services.launch.supervision import RestartConfig, Supervisor, stall_reason
+from services.ledger import Meter
+from services.supervision import RestartConfig, Supervisor, stall_reason
 
 
 def test_crashes_are_restarted_with_doubling_backoff_until_the_budget_is_spent():
@@ -62,7 +62,7 @@ def test_meter_keeps_the_counts_of_earlier_incarnations():
 
 
 def test_the_ledger_keeps_a_restarted_services_counts_apart_from_its_predecessors(tmp_path):
-    from services.launch.ledger import Ledger
+    from services.ledger import Ledger
 
     ledger = Ledger(tmp_path, n=4)
     ledger.observe("reward-0", {"meshrl_reward_samples_total": 16.0})
@@ -100,7 +100,7 @@ def test_a_replica_serving_too_old_a_version_for_too_long_is_stuck():
 
 
 def test_a_worker_reads_the_jobs_restart_policy_and_probes_wildcard_binds_on_the_loopback(tmp_path):
-    from services.launch.worker import job_restart_policy, local_address
+    from worker_svc.worker import job_restart_policy, local_address
 
     (tmp_path / "spec.yaml").write_text("services:\n  restart:\n    max_restarts: 7\n    heartbeat_timeout_s: 9\n")
     policy = job_restart_policy(tmp_path)

@@ -1,16 +1,19 @@
 """The import graph keeps its layers and has no cycles (docs/architecture.md, "Layers").
 
-Every ``.py`` file of the shared core (``services``) and of the service packages
-(``trainer_svc``, ``rollout_svc``, ``reward_svc``, ``feeder_svc``) is parsed with
-:mod:`ast`; every ``import`` statement counts, at module level or inside a function, under
-``if TYPE_CHECKING`` or not (a lazy import is still an arrow between the two modules).
-The checks:
+Every ``.py`` file of the shared core (``services``), of every process package (a
+top-level ``*_svc`` folder: one per running process) and of the ``meshrl`` command
+(``meshrl_cli``) is parsed with :mod:`ast`; every ``import`` statement counts, at module
+level or inside a function, under ``if TYPE_CHECKING`` or not (a lazy import is still an
+arrow between the two modules). So does a string the core imports from: a string constant
+in a core module that names a module of a process package or of the CLI (``"pkg.mod"`` or
+``"pkg.mod:attr"``, the form registries and ``importlib.import_module`` take). The checks:
 
-(a) a module of the shared core imports no service package, except ``services.cli``
-    (the application's top, which starts the services); the generated ``services.pb``
-    is not scanned;
-(b) a service package imports no other service package;
-(c) no two modules import each other, directly or around a loop (a strongly connected
+(a) the core imports no process package and not the CLI, by statement or by string, with
+    no exemption; the generated ``services.pb`` is not scanned;
+(b) a process package imports no other process package and not the CLI;
+(c) inside the core, a module imports only modules of its own layer or of a lower one
+    (:data:`CORE_LAYERS`), and every core module belongs to a layer;
+(d) no two modules import each other, directly or around a loop (a strongly connected
     component of more than one module).
 
 How an import becomes an edge (only edges between the scanned modules are kept):
@@ -33,15 +36,29 @@ How an import becomes an edge (only edges between the scanned modules are kept):
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = "services"
-SERVICE_PACKAGES = ("trainer_svc", "rollout_svc", "reward_svc", "feeder_svc")
-#: Core modules allowed to import service packages: the CLI is the application's top.
-CORE_TOP = ("services.cli",)
+#: The ``meshrl`` command: it dispatches to the processes' ``main``s (nothing imports it).
+CLI = "meshrl_cli"
+#: The layers of the core, lowest first: a core module may import its own layer and the
+#: ones before it. Each entry is a module or a subpackage of ``services`` (the longest
+#: entry that contains a module gives its layer).
+CORE_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("services", "services.net", "services.readiness", "services.placement", "services.registry",
+     "services.safe_arith", "services.failures", "services.auth"),
+    ("services.wire", "services.protocol"),
+    ("services.config", "services.data"),
+    ("services.metrics", "services.modelling", "services.sandbox", "services.queues", "services.weights"),
+    ("services.procs", "services.supervision", "services.ledger", "services.handoff", "services.entrypoint"),
+)
+#: A string that names a module the way ``importlib.import_module`` or a registry entry
+#: (``"pkg.mod:attr"``) does.
+MODULE_STRING = re.compile(r"[A-Za-z_]\w*(?:\.\w+)*(?::\w+)?")
 #: Generated code (protobuf stubs): not written by hand, not checked.
 GENERATED = ("services.pb",)
 
@@ -101,11 +118,38 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return out
 
 
-def import_graph(root: Path = ROOT, packages: tuple[str, ...] = (CORE, *SERVICE_PACKAGES)) -> dict[str, set[str]]:
-    """``{module: modules it imports}`` over every scanned module."""
-    present = tuple(p for p in packages if (root / p).is_dir())
-    modules = module_files(root, present)
-    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+def is_process_package(top: str) -> bool:
+    """A top-level ``*_svc`` package: one per running process."""
+    return re.fullmatch(r"[a-z]\w*_svc", top) is not None
+
+
+def scanned_packages(root: Path) -> tuple[str, ...]:
+    """The core, the CLI and every process package under ``root``."""
+    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").is_file()
+                        and (p.name in (CORE, CLI) or is_process_package(p.name))))
+
+
+def string_imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The process or CLI modules a core file names in a string constant (a registry entry,
+    an ``import_module`` argument): an import by another route."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.fullmatch(node.value):
+            target = node.value.partition(":")[0]
+            if _top(target) == CLI or is_process_package(_top(target)):
+                out.add(_resolve(target, modules) or target)
+    return out
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """``{module: modules it imports}`` over every scanned module (for a core module, the
+    process and CLI modules it names in strings too)."""
+    modules = module_files(root, scanned_packages(root))
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    for name, path in modules.items():
+        if _top(name) == CORE:
+            graph[name] |= string_imports_of(path, modules)
+    return graph
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -159,15 +203,39 @@ def _top(module: str) -> str:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    """(a): ``core.module -> service.module`` for every core module outside the CLI."""
+    """(a): ``core.module -> process_or_cli.module``, with no exemption."""
     return sorted(f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts
-                  if _top(src) == CORE and not _within(src, CORE_TOP) and _top(dst) in SERVICE_PACKAGES)
+                  if _top(src) == CORE and (_top(dst) == CLI or is_process_package(_top(dst))))
 
 
 def sideways_imports(graph: dict[str, set[str]]) -> list[str]:
-    """(b): ``one_svc.module -> other_svc.module``."""
+    """(b): ``one_svc.module -> other_svc.module`` or ``some_svc.module -> the CLI``."""
     return sorted(f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts
-                  if _top(src) in SERVICE_PACKAGES and _top(dst) in SERVICE_PACKAGES and _top(src) != _top(dst))
+                  if is_process_package(_top(src)) and _top(dst) != _top(src)
+                  and (_top(dst) == CLI or is_process_package(_top(dst))))
+
+
+def core_layer(module: str, layers: tuple[tuple[str, ...], ...] = CORE_LAYERS) -> int | None:
+    """The index of ``module``'s layer: that of the longest entry containing it (None: in none)."""
+    best: tuple[int, int] | None = None
+    for i, layer in enumerate(layers):
+        for entry in layer:
+            hit = module == entry if entry == CORE else _within(module, (entry,))  # the bare core: its __init__ only
+            if hit and (best is None or len(entry) > best[1]):
+                best = (i, len(entry))
+    return None if best is None else best[0]
+
+
+def layer_violations(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = CORE_LAYERS) -> list[str]:
+    """(c): a core module in no layer, or one that imports a core module of a higher layer."""
+    core = sorted(m for m in graph if _top(m) == CORE)
+    out = [f"{m} is in no layer of CORE_LAYERS" for m in core if core_layer(m, layers) is None]
+    for src in core:
+        for dst in sorted(graph[src]):
+            hi, lo = core_layer(src, layers), core_layer(dst, layers)
+            if _top(dst) == CORE and hi is not None and lo is not None and lo > hi:
+                out.append(f"{src} (layer {hi}) -> {dst} (layer {lo})")
+    return out
 
 
 def shortest_loop(component: list[str], graph: dict[str, set[str]]) -> list[str]:
@@ -209,14 +277,26 @@ def test_the_scan_sees_the_packages(graph):
     assert "reward_svc.loader" in graph["reward_svc.sandbox.worker"]  # inside a function
 
 
-def test_the_shared_core_imports_no_service_package(graph):
+def test_every_process_is_a_top_level_package(graph):
+    tops = {_top(m) for m in graph}
+    assert {"trainer_svc", "rollout_svc", "reward_svc", "feeder_svc", "controller_svc", "gateway_svc",
+            "worker_svc", CLI, CORE} <= tops
+    assert not any(_top(m) == CORE and m.split(".")[1:2] in (["gateway"], ["launch"], ["cli"]) for m in graph)
+
+
+def test_the_shared_core_imports_no_process_package(graph):
     bad = upward_imports(graph)
-    assert not bad, "the shared core imports a service package:\n" + "\n".join(bad)
+    assert not bad, "the shared core imports a process package or the CLI:\n" + "\n".join(bad)
 
 
-def test_no_service_package_imports_another(graph):
+def test_no_process_package_imports_another_or_the_cli(graph):
     bad = sideways_imports(graph)
-    assert not bad, "a service package imports another:\n" + "\n".join(bad)
+    assert not bad, "a process package imports another, or the CLI:\n" + "\n".join(bad)
+
+
+def test_the_core_keeps_its_layers(graph):
+    bad = layer_violations(graph)
+    assert not bad, "the core's layers are broken:\n" + "\n".join(bad)
 
 
 def test_no_import_cycles(graph):
@@ -264,13 +344,31 @@ def test_upward_and_sideways_arrows_are_found(tmp_path):
     g = _tree(tmp_path, {
         "services/__init__.py": "",
         "services/config/__init__.py": "import typing\nif typing.TYPE_CHECKING:\n    import trainer_svc.algo\n",
-        "services/cli/__init__.py": "def main():\n    import reward_svc\n",
+        "services/registry.py": "LAUNCHERS = {'local': 'gateway_svc.launch:Local'}\nHELP = 'see gateway_svc.launch'\n",
+        "meshrl_cli/__init__.py": "def main():\n    import reward_svc\n",
         "services/pb/x_pb2.py": "import rollout_svc\n",
         "trainer_svc/__init__.py": "",
         "trainer_svc/algo.py": "from reward_svc.scorers import f\n",
         "reward_svc/__init__.py": "",
         "reward_svc/scorers.py": "from services import config\nf = 1\n",
-        "rollout_svc/__init__.py": "",
+        "rollout_svc/__init__.py": "def f():\n    from meshrl_cli import main\n",
+        "gateway_svc/__init__.py": "",
+        "gateway_svc/launch.py": "",
     })
-    assert upward_imports(g) == ["services.config -> trainer_svc.algo"]
-    assert sideways_imports(g) == ["trainer_svc.algo -> reward_svc.scorers"]
+    assert upward_imports(g) == ["services.config -> trainer_svc.algo", "services.registry -> gateway_svc.launch"]
+    assert sideways_imports(g) == ["rollout_svc -> meshrl_cli", "trainer_svc.algo -> reward_svc.scorers"]
+
+
+def test_an_import_up_the_cores_layers_is_found(tmp_path):
+    g = _tree(tmp_path, {
+        "services/__init__.py": "",
+        "services/net.py": "",
+        "services/wire/__init__.py": "from services import net\n",
+        "services/config/__init__.py": "from services.wire import x\n",
+        "services/new_thing.py": "",
+    })
+    layers = (("services", "services.net"), ("services.wire",), ("services.config",))
+    assert layer_violations(g, layers) == ["services.new_thing is in no layer of CORE_LAYERS"]
+    (tmp_path / "services/net.py").write_text("def f():\n    import services.config\n")
+    g = import_graph(tmp_path)
+    assert "services.net (layer 0) -> services.config (layer 2)" in layer_violations(g, layers)

@@ -13,12 +13,12 @@ from services.modelling import gguf
 
 
 def _meshrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "make-model", *args],
+    return subprocess.run([sys.executable, "-m", "meshrl_cli", "make-model", *args],
                           capture_output=True, text=True, timeout=120)
 
 
 def test_cli_names_match_the_known_models() -> None:
-    from services.cli import make_model
+    from meshrl_cli import make_model
 
     assert set(make_model.KNOWN) == set(gguf.KNOWN_MODELS)
 

@@ -113,7 +113,7 @@ def test_last_number_extraction_reaches_the_verifier() -> None:
 
 def test_cli_writes_train_and_test_that_validate(tmp_path: Path) -> None:
     out = tmp_path / "rg"
-    r = subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "reasoning-gym:chain_sum,leg_counting",
+    r = subprocess.run([sys.executable, "-m", "meshrl_cli", "make-dataset", "reasoning-gym:chain_sum,leg_counting",
                         str(out), "--size", "10", "--test-size", "4", "--seed", "2", "--config", "chain_sum.max_terms=2"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -124,7 +124,7 @@ def test_cli_writes_train_and_test_that_validate(tmp_path: Path) -> None:
         import pyarrow.parquet as pq
 
         assert pq.read_table(out / f"{split}.parquet").num_rows == n
-    bad = subprocess.run([sys.executable, "-m", "services.cli", "make-dataset", "arith", str(tmp_path / "a"),
+    bad = subprocess.run([sys.executable, "-m", "meshrl_cli", "make-dataset", "arith", str(tmp_path / "a"),
                           "--config", "chain_sum.max_terms=2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--config and --instruction are for reasoning-gym" in bad.stderr
 

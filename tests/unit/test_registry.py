@@ -40,14 +40,17 @@ def test_the_declared_builtin_names_are_the_services_registries():
         "from trainer_svc import core_algos\n"
         "from reward_svc.scorers import BUILTIN_SCORERS\n"
         "from rollout_svc.agent.parsers import BUILTIN_PARSERS\n"
+        "from controller_svc.tracking.base import LOGGERS\n"
         "print(json.dumps({'adv': sorted(core_algos.ADV_ESTIMATOR_REGISTRY),"
         " 'loss': sorted(core_algos.POLICY_LOSS_REGISTRY),"
-        " 'scorers': sorted(BUILTIN_SCORERS), 'parsers': sorted(BUILTIN_PARSERS)}))\n"
+        " 'scorers': sorted(BUILTIN_SCORERS), 'parsers': sorted(BUILTIN_PARSERS),"
+        " 'loggers': sorted(LOGGERS)}))\n"
     ))
     assert sorted(registry.ADV_ESTIMATORS.builtin) == real["adv"]
     assert sorted(registry.POLICY_LOSSES.builtin) == real["loss"]
     assert sorted(registry.SCORERS.builtin) == real["scorers"]
     assert sorted(registry.TOOL_PARSERS.builtin) == real["parsers"]
+    assert sorted(registry.LOGGERS.builtin) == real["loggers"]
 
 
 def test_a_registry_is_its_builtins_plus_what_is_attached():
@@ -85,7 +88,7 @@ def test_validate_imports_no_torch_vllm_or_transformers(inputs):
     argv = ["validate", SPEC, *inputs]
     out = _python(
         "import json, sys\n"
-        "from services.cli import main\n"
+        "from meshrl_cli import main\n"
         f"rc = main({argv!r})\n"
         f"print(json.dumps({{'rc': rc, 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n"
     )

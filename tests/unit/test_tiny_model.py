@@ -91,7 +91,7 @@ def test_services_never_import_the_test_model_builder() -> None:
 def test_cli_subcommand(tmp_path: Path) -> None:
     out = tmp_path / "m"
     r = subprocess.run(
-        [sys.executable, "-m", "services.cli", "make-tiny-model", str(out), "--hidden-size", "64", "--intermediate-size", "128"],
+        [sys.executable, "-m", "meshrl_cli", "make-tiny-model", str(out), "--hidden-size", "64", "--intermediate-size", "128"],
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode == 0, r.stderr

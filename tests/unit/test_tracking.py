@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from services.tracking import make_loggers
+from controller_svc.tracking import make_loggers
 
 STEPS = {1: {"critic/score/mean": 0.25, "actor/loss": -0.5, "val/test_score/meshrl/arith/mean@4": 0.5},
          2: {"critic/score/mean": 0.75, "actor/loss": 0.125, "timing/ignored_text": "n/a"},

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from services.launch.validation_metrics import best_at_k, ks, pass_at_k, validation_metrics, worst_at_k
+from controller_svc.validation_metrics import best_at_k, ks, pass_at_k, validation_metrics, worst_at_k
 
 
 def _brute(scores, k, f):

@@ -12,7 +12,7 @@ import torch
 
 from services.net import free_port
 from services.weights import SnapshotError, TransferError, iter_buckets
-from services.weights.arena import RotatingBuffers, SnapshotArena
+from trainer_svc.weights.arena import RotatingBuffers, SnapshotArena
 from services.weights.group import DataGroup, GroupSpec, connect_store
 from services.weights.snapshot import parse_safetensors
 

@@ -1,4 +1,4 @@
-"""The canary gate's bookkeeping on the publisher (``services.weights.promotion``)."""
+"""The canary gate's bookkeeping on the publisher (``trainer_svc.weights.promotion``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from services.config.weights import RolloutGateConfig, WeightChannelConfig
 from services.weights.errors import VersionError
-from services.weights.promotion import RolloutState, replica_of
+from trainer_svc.weights.promotion import RolloutState, replica_of
 
 
 def gate(**kw) -> RolloutState:

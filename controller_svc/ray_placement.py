@@ -1,0 +1,614 @@
+"""``services.launcher: ray``: every service instance of a ``meshrl run`` job in its own Ray actor.
+
+The controller (``meshrl run``'s :class:`~controller_svc.controller.JobController`) stays
+the Ray driver: it hosts the embedded broker and the prompt feeder, and supervises the
+services with the same restart policy as the local launcher (services/supervision.py).
+Only *where a service process runs* changes:
+
+* :class:`RayPlacement` connects to the cluster (``services.ray.address``) and reserves
+  one placement group for the whole job -- one bundle per service instance (the trainer
+  with all its ranks, each rollout replica, each reward worker), each bundle the
+  instance's request: ``num_cpus``, ``num_gpus`` for a ``cuda`` device, and custom
+  resources (``services.<svc>.ray``). The job starts whole or not at all: if the group
+  is not placed within ``services.ray.placement_timeout_s`` the job fails, naming what
+  was asked and what the cluster has.
+* :class:`RayServiceProcess` is the controller's handle of one instance, with the
+  interface of :class:`~services.procs.ServiceProcess` (``start``, ``wait_ready``,
+  ``returncode``, ``signal``, ``stop``, ``tail``), so supervision does not know the
+  difference. ``start`` creates a :class:`ServiceActor` in the instance's bundle; the
+  actor reports its node's IP, the controller renders the service's view for that node
+  (its servers bind the node's IP; replicas reach the trainer's weight channel at the
+  trainer's node), and the actor runs ``python -m <service> --config <view>`` there.
+  Addresses are discovered at run time from the service's ``MESHRL_READY`` line.
+* An actor that dies -- its process, or its whole node -- is an exit like any other
+  (code ``-9``, reason "its Ray actor died"); a restart creates a new actor in the same
+  bundle, which Ray places again (on another node when the bundle's node is gone and
+  another has the resources).
+
+A service process must not outlive its actor (a node's raylet dying kills the actor's
+worker, not the processes it started): each service runs in a process group of its own,
+watched by a small guard process (``python -m controller_svc.ray_placement guard``) that
+kills the group when the actor's worker is gone.
+
+Only plain strings, numbers, lists and dicts cross Ray calls; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from services.procs import ServiceFailed, log_tail
+from services.readiness import NotReady, Ready, wait_for_ready_in_log
+
+CALL_TIMEOUT_S = 30.0  # a short actor call (signal, poll, tail); a node that does not answer is treated as gone
+SIGNAL_TIMEOUT_S = 5.0  # a signal the actor does not take this fast: its node is going; the exit says so soon
+GUARD_POLL_S = 0.5
+
+MODULES = {"trainer": "trainer_svc", "reward": "reward_svc", "rollout": "rollout_svc"}
+
+
+def service_kind(name: str) -> str:
+    """``rollout-1`` -> ``rollout``."""
+    return name.split("-")[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What each instance asks for
+
+
+def instance_names(spec: Any) -> list[str]:
+    """The job's service instances, in the order the controller starts them."""
+    return ["trainer", *(f"reward-{i}" for i in range(spec.services.reward.replicas)),
+            *(f"rollout-{i}" for i in range(spec.services.rollout.replicas))]
+
+
+def request_of(spec: Any, name: str) -> dict[str, float]:
+    """The Ray resources of service instance ``name`` of job ``spec``: a placement-group
+    bundle (``CPU``, ``GPU`` and custom resources)."""
+    from services.placement import parse_cpu_list
+
+    kind = service_kind(name)
+    res = getattr(spec.services, kind)
+    nproc = res.nproc if kind == "trainer" else 1
+    cpus = res.ray.num_cpus
+    if cpus is None:
+        cpus = float(len(parse_cpu_list(res.cpus))) if res.cpus else float(nproc)
+    bundle: dict[str, float] = {"CPU": float(cpus)}
+    if res.device == "cuda":
+        bundle["GPU"] = float(nproc)
+    bundle.update({k: float(v) for k, v in res.ray.resources.items()})
+    return {k: v for k, v in bundle.items() if v > 0}
+
+
+def labels_of(spec: Any, name: str) -> dict[str, str]:
+    """The node label selector of service instance ``name`` (``services.<svc>.ray.labels``)."""
+    return dict(getattr(spec.services, service_kind(name)).ray.labels)
+
+
+def _fmt_labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(labels.items())) + "}"
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The actor: runs one service process on its node
+
+
+class ServiceActor:
+    """The body of one service instance's actor (Ray makes it remote; ``max_concurrency``
+    > 1 so ``wait_exit`` can block while the other calls are answered)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.guard: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self.offset = 0
+        self._lock = threading.Lock()
+
+    def node(self, ports: int = 0) -> dict[str, Any]:
+        """Where this actor runs: the node's IP (as Ray knows it), node id, host name, and
+        ``ports`` ports free on that IP right now (for the servers of the service's view)."""
+        import ray
+
+        from services.net import free_port
+
+        node_id = ray.get_runtime_context().get_node_id()
+        # the address the node was started with (`ray start --node-ip-address`), as the cluster knows it
+        ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+                  None) or ray.util.get_node_ip_address()
+        return {"ip": ip, "node_id": node_id, "hostname": socket.gethostname(),
+                "actor_pid": os.getpid(), "ports": [free_port(ip) for _ in range(int(ports))]}
+
+    def start(self, module: str, view_yaml: str, view_path: str, log_path: str, env: dict[str, str]) -> dict[str, Any]:
+        """Write the view and start ``python -m module --config view_path --id name`` here,
+        output appended to ``log_path`` (both on this node; the same path on shared storage)."""
+        with self._lock:
+            if self.proc is not None and self.proc.poll() is None:
+                raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
+            view, log = Path(view_path), Path(log_path)
+            view.parent.mkdir(parents=True, exist_ok=True)
+            view.write_text(view_yaml)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path = log
+            with open(log, "ab") as out:
+                self.offset = out.tell()
+                with _at_niceness(node_niceness()) as nice:
+                    if nice.denied is not None:
+                        out.write(f"meshrl: this service runs at niceness {nice.denied}, its Ray worker's, not at its "
+                                  f"node's {nice.target} (raising a process's priority is not permitted here); start "
+                                  "the node with RAY_worker_niceness=0 in the environment of `ray start` to give the "
+                                  "services their share of the CPU\n".encode())
+                        out.flush()
+                    # its own process group (stopped and guarded as one), but the node's session: on a
+                    # kernel that shares the CPU between sessions first (autogroup) the service competes
+                    # as a process started on the node by hand would, not as a session of its own
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-m", module, "--config", str(view), "--id", self.name],
+                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        env=dict(os.environ, PYTHONUNBUFFERED="1", **env), process_group=0,
+                    )  # fmt: skip
+            # the guard: kills the service's process group once this actor's worker is gone
+            # (it detaches itself: a worker that exits kills its own children, and the guard must
+            # outlive this worker to do its job)
+            self.guard = subprocess.Popen([sys.executable, "-m", "controller_svc.ray_placement", "guard",
+                                           str(self.proc.pid), str(os.getpid())], stdin=subprocess.DEVNULL,
+                                          start_new_session=True)  # fmt: skip
+            return {"pid": self.proc.pid}
+
+    def wait_ready(self, timeout: float) -> dict[str, Any]:
+        """The service's readiness line as a dict (``ok``), or why it never came (``error``)."""
+        if self.proc is None or self.log_path is None:
+            return {"ok": False, "error": "not started"}
+        try:
+            r = wait_for_ready_in_log(self.proc, self.log_path, timeout, offset=self.offset)
+        except NotReady as exc:
+            return {"ok": False, "error": str(exc)}
+        return {"ok": True, "service": r.service, "id": r.id, "pid": r.pid, "addresses": r.addresses, "info": r.info}
+
+    def wait_exit(self) -> int:
+        """Block until the service process exits; its exit code."""
+        while self.proc is None:
+            time.sleep(0.2)
+        return int(self.proc.wait())
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(int(sig))
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace: float) -> int | None:
+        """SIGTERM, SIGKILL after ``grace`` seconds; then SIGKILL whatever of its process
+        group is left (a replica's vLLM engine processes). The exit code."""
+        from services.net import terminate_then_kill
+
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGCONT)
+        code = terminate_then_kill(self.proc, grace=grace)
+        _kill_group(self.proc.pid)
+        if self.guard is not None:
+            self.guard.wait(timeout=10)  # the detaching parent: exits at once; the guard ends with the group
+        return code
+
+    def tail(self, lines: int = 25) -> str:
+        return log_tail(self.log_path, lines) if self.log_path is not None else "(not started)"
+
+
+def node_niceness() -> int | None:
+    """The niceness of this node's raylet: what a process started on the node by hand runs
+    at. Ray starts its workers at ``worker_niceness`` (15 by default: they yield to Ray's own
+    daemons); a service is the node's workload, not background work, and runs at this one."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, int(os.environ["RAY_RAYLET_PID"]))
+    except (KeyError, ValueError, OSError):
+        return None
+
+
+class _at_niceness:
+    """Run the block with this thread at niceness ``target`` (Linux keeps a niceness per
+    thread, and a process started from the thread inherits it), then go back. Lowering the
+    niceness needs privilege: without it the block runs unchanged and ``denied`` is the
+    niceness it keeps."""
+
+    def __init__(self, target: int | None) -> None:
+        self.target, self.before, self.denied = target, None, None
+
+    def __enter__(self) -> "_at_niceness":
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        if self.target is None or self.target == mine:
+            return self
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, self.target)
+            self.before = mine
+        except PermissionError:
+            self.denied = mine
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before is not None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, self.before)  # back up: always permitted; back down may not be
+            except PermissionError:
+                pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def guard_main(pgid: int, watched: int) -> int:
+    """Kill process group ``pgid`` once process ``watched`` (the service's actor worker) is
+    gone; exit by itself once the group is empty. Detaches first (double fork): the worker
+    kills its direct children when it exits, which must not include its guard."""
+    if os.fork():
+        return 0
+    while True:
+        if not _alive(watched):
+            _kill_group(pgid)
+            return 0
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return 0
+        except PermissionError:
+            pass
+        time.sleep(GUARD_POLL_S)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The controller's side
+
+
+class RayPlacement:
+    """The job's connection to the Ray cluster and its one placement group."""
+
+    def __init__(self, spec: Any, names: list[str]) -> None:
+        self.spec = spec
+        self.cfg = spec.services.ray
+        self.names = list(names)
+        self.bundles = [request_of(spec, n) for n in self.names]
+        self.selectors = [labels_of(spec, n) for n in self.names]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.pg: Any = None
+        self.ray: Any = None
+        self.tag = f"{spec.name}-{uuid.uuid4().hex[:8]}"
+        self._actor_cls: Any = None
+
+    @property
+    def address(self) -> str:
+        return self.cfg.address or os.environ.get("RAY_ADDRESS") or "auto"
+
+    def connect(self) -> "RayPlacement":
+        try:
+            import ray
+        except ImportError:
+            raise ServiceFailed("services.launcher=ray needs Ray: pip install 'meshrl[ray]'") from None
+        if not ray.is_initialized():
+            import logging
+
+            # (from the controller's worker thread Ray warns that it leaves SIGTERM alone: as it should)
+            logging.getLogger("ray._private.worker").setLevel(logging.ERROR)
+            try:
+                ray.init(address=self.address, namespace=self.cfg.namespace, log_to_driver=False,
+                         configure_logging=False)  # fmt: skip
+            except Exception as exc:  # ConnectionError and Ray's own errors
+                raise ServiceFailed(f"services.ray.address: cannot connect to the Ray cluster at {self.address!r}: "
+                                    f"{type(exc).__name__}: {exc}") from None
+        self.ray = ray
+        self._actor_cls = ray.remote(max_restarts=0, max_concurrency=8)(ServiceActor)
+        return self
+
+    def check_host(self) -> None:
+        """The services reach the embedded broker at ``services.host``: a loopback address
+        cannot work from another machine of the cluster."""
+        host = self.spec.services.host
+        if self.spec.queues.type != "embedded" or not (host.startswith("127.") or host == "localhost"):
+            return
+        here = {self.ray.util.get_node_ip_address(), "127.0.0.1"}
+        try:
+            here.update(socket.gethostbyname_ex(socket.gethostname())[2])
+        except OSError:
+            pass
+        away = sorted({n["NodeManagerAddress"] for n in self.ray.nodes() if n.get("Alive")} - here)
+        if away:
+            raise ServiceFailed(
+                f"services.host={host} is a loopback address, but the Ray cluster has nodes on other machines "
+                f"({', '.join(away)}): their services could not reach this job's embedded broker; set services.host "
+                "to an address of this machine those nodes reach")
+
+    def reserve(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Create the placement group and wait until every bundle is placed (all or nothing),
+        at most ``services.ray.placement_timeout_s``."""
+        from ray.util.placement_group import placement_group
+
+        ray = self.ray
+        self.check_host()
+        labels = {"bundle_label_selector": self.selectors} if any(self.selectors) else {}
+        try:
+            self.pg = placement_group(self.bundles, strategy=self.cfg.strategy, name=f"meshrl-{self.tag}", **labels)
+        except TypeError:  # a Ray without label selectors for placement group bundles
+            raise ServiceFailed(f"services.<trainer|rollout|reward>.ray.labels: this Ray ({ray.__version__}) cannot "
+                                "place by node labels; use ray.resources, or Ray >= 2.49") from None
+        except ValueError as exc:  # Ray's own check of the selectors
+            raise ServiceFailed(f"services.<trainer|rollout|reward>.ray.labels: Ray refuses them: {exc}") from None
+        ref = self.pg.ready()
+        deadline = time.monotonic() + self.cfg.placement_timeout_s
+        while True:
+            done, _ = ray.wait([ref], timeout=1.0)
+            if done:
+                ray.get(ref, timeout=CALL_TIMEOUT_S)
+                return
+            if should_stop():
+                raise ServiceFailed("stopped while waiting for the job's placement group")
+            if time.monotonic() > deadline:
+                asked = "; ".join(f"{n} {_fmt(b)}" + (f" on labels {_fmt_labels(sel)}" if sel else "")
+                                  for n, b, sel in zip(self.names, self.bundles, self.selectors))
+                have = "; ".join(
+                    f"{n['NodeManagerAddress']} {_fmt({k: v for k, v in n['Resources'].items() if '_group_' not in k and not k.startswith('node:')})}"  # noqa: E501
+                    + (f" labels {_fmt_labels(own)}" if (own := _own_labels(n)) and any(self.selectors) else "")
+                    for n in ray.nodes() if n.get("Alive"))  # fmt: skip
+                raise ServiceFailed(
+                    f"the Ray cluster could not place this job within services.ray.placement_timeout_s="
+                    f"{self.cfg.placement_timeout_s:g} (strategy {self.cfg.strategy}): it asks {asked}; the live nodes "
+                    f"have {have or 'nothing'} (see services.<trainer|rollout|reward>.ray and `ray status`)")
+
+    def new_actor(self, name: str) -> Any:
+        """A fresh actor for ``name`` in its bundle (pending until Ray can place it there)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = self.bundles[self.index[name]]
+        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        return self._actor_cls.options(
+            name=f"meshrl-{self.tag}-{name}-{uuid.uuid4().hex[:6]}", namespace=self.cfg.namespace,
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), resources=custom or None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=self.index[name]),
+        ).remote(name)  # fmt: skip
+
+    def release(self) -> None:
+        if self.ray is None:
+            return
+        try:
+            if self.pg is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self.pg)
+        except Exception:  # noqa: BLE001 - the cluster may be gone already
+            pass
+        finally:
+            self.pg = None
+            self.ray.shutdown()
+
+
+class RayServiceProcess:
+    """One service instance run by a :class:`ServiceActor`; the controller's handle, with
+    the interface of :class:`~services.procs.ServiceProcess`.
+
+    ``render(node)`` returns the view YAML for the node the actor landed on (``node``: what
+    :meth:`ServiceActor.node` reported: ``ip``, ``node_id``, free ``ports`` there)."""
+
+    def __init__(self, name: str, placement: RayPlacement, render: Callable[[dict[str, Any]], str], view_path: Path,
+                 log_path: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.placement = placement
+        self.render = render
+        self.view_path = view_path
+        self.log_path = log_path
+        self.env = dict(env)
+        self.kill_reason = ""
+        self.ready: Ready | None = None
+        self.node: dict[str, Any] | None = None
+        self.actor: Any = None
+        self._pid: int | None = None
+        self._exit_ref: Any = None
+        self._exit: int | None = None
+
+    @property
+    def ray(self) -> Any:
+        return self.placement.ray
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> "RayServiceProcess":
+        """Create the actor (returns at once; :meth:`wait_ready` does the rest)."""
+        self._drop_actor()
+        self.ready, self.node, self._pid, self._exit_ref, self._exit = None, None, None, None, None
+        self.actor = self.placement.new_actor(self.name)
+        return self
+
+    def wait_ready(self, timeout: float, should_stop: Callable[[], bool] = lambda: False) -> Ready | None:
+        """Wait for the actor to be placed, start the service on its node and wait for its
+        readiness line; None if ``should_stop()`` first. ServiceFailed (and the instance
+        counts as exited) if the actor dies, cannot be placed in time, or the service
+        exits or stays silent past ``timeout``."""
+        placing = self.placement.cfg.placement_timeout_s
+        try:
+            node = self._call(self.actor.node.remote(3), time.monotonic() + placing, should_stop,
+                              f"placed on a Ray node within services.ray.placement_timeout_s={placing:g}")
+            if node is None:
+                return None
+            self.node = node
+            deadline = time.monotonic() + timeout
+            view = self.render(node)
+            module = MODULES[service_kind(self.name)]
+            started = self._call(self.actor.start.remote(module, view, str(self.view_path), str(self.log_path),
+                                                         self.env), deadline, should_stop, "started")
+            if started is None:
+                return None
+            self._pid = int(started["pid"])
+            self._exit_ref = self.actor.wait_exit.remote()
+            left = max(1.0, deadline - time.monotonic())
+            got = self._call(self.actor.wait_ready.remote(left), deadline + CALL_TIMEOUT_S, should_stop,
+                             f"ready within {timeout:.0f}s")
+            if got is None:
+                return None
+        except ServiceFailed:
+            self._gone()
+            raise
+        if not got["ok"]:
+            if self.returncode is None:  # alive but never ready: counts as a crash
+                self.kill_reason = "not ready in time"
+            self._gone()
+            raise ServiceFailed(f"{self.name} on {self._where()} {got['error']}")
+        self.ready = Ready(got["service"], got["id"], int(got["pid"]), dict(got["addresses"]), dict(got["info"]))
+        return self.ready
+
+    def _gone(self) -> None:
+        """This incarnation failed: it counts as exited (-1 unless its exit code is known),
+        and its actor ends (its guard then kills whatever of the service still runs)."""
+        if self._exit_ref is not None:
+            self.wait_exit(3.0)  # an exit just now: its own code
+        if self.returncode is None:
+            self._exit = -1
+        self._drop_actor()
+
+    def _call(self, ref: Any, deadline: float, should_stop: Callable[[], bool], what: str) -> Any:
+        """``ray.get(ref)`` by the deadline, polling ``should_stop`` (None if it fires)."""
+        ray = self.ray
+        while True:
+            done, _ = ray.wait([ref], timeout=0.5)
+            if done:
+                try:
+                    return ray.get(ref, timeout=CALL_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - RayActorError, ActorDiedError, task errors
+                    self.kill_reason = f"its Ray actor died: {type(exc).__name__}"
+                    raise ServiceFailed(f"{self.name} was not {what}: its Ray actor failed on {self._where()}: "
+                                        f"{_first_line(exc)}") from None
+            if should_stop():
+                return None
+            if time.monotonic() > deadline:
+                self.kill_reason = f"not {what}"
+                self._drop_actor()
+                raise ServiceFailed(f"{self.name} was not {what} (Ray placement group bundle "
+                                    f"{_fmt(self.placement.bundles[self.placement.index[self.name]])}; "
+                                    f"services.ray.placement_timeout_s and `ray status` tell what is missing)")
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the service (or its actor, or its node) is gone; ``-9`` for a dead actor."""
+        if self._exit is not None or self._exit_ref is None:
+            return self._exit
+        done, _ = self.ray.wait([self._exit_ref], timeout=0)
+        if not done:
+            return None
+        try:
+            self._exit = int(self.ray.get(self._exit_ref, timeout=CALL_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001 - the actor or its node died
+            self._exit = -9
+            self.kill_reason = self.kill_reason or f"its Ray actor died on {self._where()}: {type(exc).__name__}"
+        return self._exit
+
+    @property
+    def pid(self) -> int | None:
+        """The service's pid on its node."""
+        return self._pid
+
+    def wait_exit(self, timeout: float = 60.0) -> int | None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.returncode is not None:
+                return self._exit
+            if self._exit_ref is None:
+                return None
+            self.ray.wait([self._exit_ref], timeout=min(1.0, max(0.0, end - time.monotonic())))
+        return self.returncode
+
+    def signal(self, sig: int) -> None:
+        if self.actor is None or self.returncode is not None:
+            return
+        try:
+            self.ray.get(self.actor.signal.remote(int(sig)), timeout=SIGNAL_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - an actor that does not answer is handled as gone by returncode
+            pass
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """SIGTERM (SIGKILL after ``grace``) on its node, then end the actor."""
+        self._drop_actor(grace)
+        return self.wait_exit(5.0) if self._exit_ref is not None else self._exit
+
+    def _drop_actor(self, grace: float = 0.0) -> None:
+        """Stop the service on its node -- and whatever of its process group is left, even
+        once the service itself exited (a replica's vLLM engine outlives it otherwise) --
+        then end the actor. An actor that does not answer (its node gone) is just ended."""
+        if self.actor is not None and self._exit_ref is not None:
+            try:
+                self.ray.get(self.actor.stop.remote(float(grace)), timeout=grace + CALL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - the actor may be dead already; killing it below is what matters
+                pass
+        if self.actor is not None:
+            try:
+                self.ray.kill(self.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            self.actor = None
+
+    # -------------------------------------------------------------- what the controller reads
+
+    def url(self, endpoint: str = "metrics") -> str:
+        if self.ready is None:
+            raise RuntimeError(f"{self.name} has not announced readiness")
+        return f"http://{self.ready.address(endpoint)}"
+
+    def tail(self, lines: int = 25) -> str:
+        """The last lines of its log: from the actor, else from the file (shared storage)."""
+        if self.actor is not None:
+            try:
+                return self.ray.get(self.actor.tail.remote(lines), timeout=10)
+            except Exception:  # noqa: BLE001 - the node is gone: the file may still be readable here
+                pass
+        return log_tail(self.log_path, lines)
+
+    def failure(self) -> str:
+        return f"{self.name} exited with code {self.returncode}; last lines of {self.log_path}:\n{self.tail()}"
+
+    def where(self) -> dict[str, Any] | None:
+        return self.node
+
+    def _where(self) -> str:
+        return f"node {self.node['ip']} ({self.node['node_id'][:12]})" if self.node else "an unplaced Ray actor"
+
+
+def _own_labels(node: dict[str, Any]) -> dict[str, str]:
+    """A node's labels as ``ray.nodes()`` lists them, without the ones Ray sets (``ray.io/...``)."""
+    return {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "guard":
+        os._exit(guard_main(int(sys.argv[2]), int(sys.argv[3])))
+    print("usage: python -m controller_svc.ray_placement guard PGID WORKER_PID", file=sys.stderr)
+    sys.exit(2)

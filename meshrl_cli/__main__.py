@@ -1,0 +1,5 @@
+import sys
+
+from meshrl_cli import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from services.cli import main
-
-sys.exit(main())
