@@ -5,6 +5,9 @@ output in ``<run_dir>/logs/<name>.log``. Readiness is the service's one ``MESHRL
 line (:mod:`services.readiness`), read from that log with a deadline; a child that dies
 while we wait fails at once with the tail of its log. Stopping is SIGTERM, then SIGKILL after a grace period; only the
 processes started here are ever signalled.
+
+:func:`proc_stat` is the one reader of ``/proc/<pid>/stat`` (state, parent, process group,
+CPU times of any process on this machine), for the code here, the Ray guard and the tests.
 """
 
 from __future__ import annotations
@@ -30,6 +33,73 @@ def log_tail(path: Path, lines: int = 25) -> str:
     except FileNotFoundError:
         return "(no log)"
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """What ``/proc/<pid>/stat`` says of one process (see proc(5)); times in clock ticks
+    (``os.sysconf("SC_CLK_TCK")`` per second)."""
+
+    pid: int
+    comm: str  # the command name, as the kernel keeps it (at most 15 bytes; may hold spaces and parens)
+    state: str  # R running, S sleeping, D disk wait, Z zombie, T stopped, t traced, X dead, ...
+    ppid: int
+    pgid: int
+    session: int
+    utime: int  # user CPU time
+    stime: int  # system CPU time
+    starttime: int  # since boot: with the pid, names one process across pid reuse
+
+    @property
+    def cpu_ticks(self) -> int:
+        return self.utime + self.stime
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+def parse_proc_stat(text: str) -> ProcStat:
+    """Parse one ``/proc/<pid>/stat`` line. The command name sits between the first ``(``
+    and the *last* ``)``: it may itself contain spaces and parentheses, so the fields are
+    split only after that last ``)``. ValueError if the line is not a stat line."""
+    head, close, tail = text.rpartition(")")
+    pid, open_, comm = head.partition(" (")
+    fields = tail.split()
+    if not close or not open_ or len(fields) < 20:
+        raise ValueError(f"not a /proc/<pid>/stat line: {text[:80]!r}")
+    return ProcStat(pid=int(pid), comm=comm, state=fields[0], ppid=int(fields[1]), pgid=int(fields[2]),
+                    session=int(fields[3]), utime=int(fields[11]), stime=int(fields[12]),
+                    starttime=int(fields[19]))  # fmt: skip
+
+
+def proc_stat(pid: int | str) -> ProcStat | None:
+    """``/proc/<pid>/stat`` of ``pid``, parsed; None when there is no such process (gone,
+    or never was) or it cannot be read."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return None
+    try:
+        return parse_proc_stat(text)
+    except ValueError:
+        return None
+
+
+def all_proc_stats() -> list[ProcStat]:
+    """Every process on this machine that can be read now (one that vanishes meanwhile is skipped)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := proc_stat(entry)) is not None:
+            out.append(st)
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process: it exists and is not a zombie."""
+    st = proc_stat(pid)
+    return st is not None and not st.zombie
 
 
 @dataclass
@@ -114,19 +184,11 @@ def become_subreaper() -> bool:
 def kill_adopted(exclude: set[int] = frozenset()) -> list[int]:
     """SIGKILL and reap every remaining child of this process not in ``exclude``."""
     me, killed = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in exclude:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == me:
+    for st in all_proc_stats():
+        if st.ppid == me and st.pid not in exclude:
             try:
-                os.kill(int(entry), signal.SIGKILL)
-                killed.append(int(entry))
+                os.kill(st.pid, signal.SIGKILL)
+                killed.append(st.pid)
             except ProcessLookupError:
                 pass
     for pid in killed:
