@@ -245,7 +245,7 @@ def test_every_command_and_flag_exists():
 
 
 def test_ports_match_the_job_config_and_the_code():
-    from meshrl_cli import gateway as gateway_cli
+    from gateway_svc import main as gateway_cli
     from gateway_svc import server
 
     assert gateway_cli.DEFAULT_HTTP_PORT == server.DEFAULT_HTTP_PORT == 8600
