@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.monotonic()
     out = Path(args.out).resolve()
-    spec_path = Path(args.spec) if args.spec else Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    spec_path = Path(args.spec) if args.spec else Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
     run_dir = out / "run"
     warm, data, res = prepare(out, args.seed, args.warm_steps, log=lambda line: print(line, flush=True))
     overrides = [*job_overrides(warm, data, args.seed), *args.overrides]
