@@ -12,7 +12,8 @@ the loggers, and leaves the report.
     validation.py    step-0 and periodic validation through the running replicas
     run_tracking.py  the loggers of ``trainer.logger`` (tracking/)
     report.py        summary.json and plots
-    ray_placement.py the Ray launcher's placement of the services
+    ray/             the Ray launcher: placement.py (the controller's side), actor.py (in
+                     each Ray actor), guard.py (its own process, ``-m controller_svc.ray.guard``)
 
 The gateway's launchers, which start whole jobs, are in gateway_svc/launchers/; the
 policy every launcher applies (services.supervision), the ledger (services.ledger) and

@@ -5,7 +5,7 @@ supervision and stop.
 ``<run_dir>/config/<name>.yaml`` (:mod:`services.config.views`): that file is the child's
 whole config. It starts the trainer, the reward workers and the rollout replicas as child
 processes on those files (or, with ``services.launcher: ray``, as Ray actors of the job's
-placement group, :mod:`controller_svc.ray_placement`), waits for each one's readiness line,
+placement group, :mod:`controller_svc.ray.placement`), waits for each one's readiness line,
 then starts the prompt feeder (``feeder_svc``) once it knows where the trainer and the
 replicas answer. It applies the restart policy of :mod:`services.supervision`: a
 service that exits or stops answering its ``/health`` is restarted with backoff while the
@@ -143,7 +143,7 @@ class ServiceMesh:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(max(1, kv or 1)))
         log_path = self.run_dir / "logs" / f"{name}.log"
         if self.placement is not None and module != "feeder_svc":
-            from controller_svc.ray_placement import RayServiceProcess
+            from controller_svc.ray.placement import RayServiceProcess
 
             return RayServiceProcess(name, self.placement, lambda node: self._render(name, node), cfg, log_path, env)
         return ServiceProcess(name, python_module_argv(module, "--config", str(cfg), "--id", name, *extra),
