@@ -24,8 +24,24 @@ seconds one RL step costs after the first (meshrl's per service, from its proces
 
 A ratio below 1 means meshrl is faster; ``nan`` where a system never reached the target.
 
+One run is an anecdote: ``--seeds K`` runs the systems interleaved in one invocation (TRL
+seed 0, meshrl seed 0, TRL seed 1, ...; each seed its own warm start and data), prints one
+line per run with the machine's load average, and ends with the contract line of **medians
+over the seeds** (each ratio the median of the seeds' paired ratios)::
+
+    vs_trl seeds=<K> time_to_target_ratio=<x> s_per_step_ratio=<x> first_step_ratio=<x> cpu_ratio=<x>
+
+``cpu_ratio`` is meshrl's CPU seconds per RL step (all its processes) over TRL's. Both
+systems get the same CPU budget: their process trees are pinned to the same CPUs
+(``--cpus``, default every CPU this process may use) and TRL's torch uses as many threads as
+there are CPUs (meshrl's services keep the threads their spec gives them); the budget line
+says so. The step-0 validation that meshrl does by default and TRL does not is run on
+neither side (``trainer.val_before_train=false``), or on both with ``--step0-validation``
+(TRL then validates greedily before training, inside its timed process).
+
     python bench/vs_trl.py [--job quickstart] [--steps 100] [--target 0.9] [--systems trl,meshrl]
-    python bench/vs_trl.py --job real            # SmolLM2-135M-Instruct, 16 steps, target 0.5
+    python bench/vs_trl.py --seeds 3             # the claim: medians of 3 interleaved seeds
+    python bench/vs_trl.py --job real --seeds 2  # SmolLM2-135M-Instruct, 16 steps, target 0.5
 
 Jobs:
 
@@ -51,6 +67,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,7 +148,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="5-step mean training reward that counts as reached (default: the job's: 0.9, real 0.5)")
     p.add_argument("--systems", default="trl,meshrl", help="comma-separated: trl, meshrl (in this order)")
     p.add_argument("--val", type=int, default=100, help="validation prompts (the job's test set, first N)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first seed")
+    p.add_argument("--seeds", type=int, default=1, help="seeds to run, interleaved (TRL, meshrl, TRL, ...): "
+                   "the contract line gives medians over them")
+    p.add_argument("--cpus", default=None, help="CPUs both systems are pinned to, e.g. 0,1 "
+                   "(default: every CPU this process may use)")
+    p.add_argument("--step0-validation", action="store_true",
+                   help="validate before the first step on both sides (default: on neither)")
     p.add_argument("--warm-steps", type=int, default=50, help="supervised warm-start steps (the quick start's 50)")
     p.add_argument("--workdir", default=None, help="models, data and runs (default: a temp dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -142,7 +165,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     job = JOBS[args.job]
     args.steps = job.steps if args.steps is None else args.steps
     args.target = job.target if args.target is None else args.target
+    args.cpus = (sorted(os.sched_getaffinity(0)) if args.cpus is None
+                 else sorted({int(c) for c in args.cpus.split(",") if c.strip()}))
     return args
+
+
+def pinned(cpus: list[int]):
+    """A ``preexec_fn`` pinning the child (and so its whole tree) to ``cpus``."""
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def load() -> str:
+    """The machine's 1-, 5- and 15-minute load averages."""
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # ----------------------------------------------------------------------------- meshrl
@@ -154,7 +189,8 @@ def run_meshrl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Name
     run_dir = work / "meshrl-run"
     test = work / "data-val" / "test.parquet"
     overrides = [*job_overrides(warm, data, args.seed), f"data.val_files={test}",
-                 f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.steps}"]
+                 f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.steps}",
+                 f"trainer.val_before_train={'true' if args.step0_validation else 'false'}"]
     if args.job == "real":  # no checkpoint inside the timed steps (TRL saves none); greedy validation as TRL's
         overrides += ["trainer.save_freq=-1", "rollout.val_kwargs.n=1", "rollout.val_kwargs.do_sample=false",
                       "rollout.val_kwargs.temperature=0"]
@@ -164,7 +200,7 @@ def run_meshrl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Name
     steps_file = run_dir / "trainer_metrics.jsonl"
     result = Result("meshrl", time.time())
     with open(work / "meshrl.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=pinned(args.cpus))
         sampler, at_first = TreeSampler(proc.pid), None
         while proc.poll() is None:
             sampler.sample()
@@ -192,13 +228,13 @@ def run_trl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Namespa
     """TRL in a process of its own, launched like meshrl's (its imports count)."""
     cfg = {"job": asdict(job) | {"spec": str(job.spec)}, "model": str(warm), "train": str(data / "train.parquet"),
            "test": str(work / "data-val" / "test.parquet"), "out": str(work / "trl"), "steps": args.steps,
-           "seed": args.seed, "vllm": args.trl_vllm}
+           "seed": args.seed, "vllm": args.trl_vllm, "threads": len(args.cpus), "step0_validation": args.step0_validation}
     cfg_path = work / "trl.json"
     cfg_path.write_text(json.dumps(cfg))
     result = Result("trl", time.time())
     with open(work / "trl.log", "w") as log:
         code = subprocess.run([sys.executable, __file__, "--trl-worker", str(cfg_path)], stdout=log,
-                              stderr=subprocess.STDOUT, cwd=ROOT).returncode
+                              stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=pinned(args.cpus)).returncode
     if code != 0:
         raise SystemExit(f"TRL exited {code}; see {work / 'trl.log'}:\n" + (work / "trl.log").read_text()[-3000:])
     out = json.loads((work / "trl" / "result.json").read_text())
@@ -219,6 +255,7 @@ def trl_worker(cfg_path: str) -> int:
     from reward_svc.scorers import default_compute_score
 
     cfg = json.loads(Path(cfg_path).read_text())
+    torch.set_num_threads(int(cfg.get("threads") or torch.get_num_threads()))
     job = Job(**cfg["job"])
     out = Path(cfg["out"])
     samples = job.batch * job.n
@@ -256,6 +293,9 @@ def trl_worker(cfg_path: str) -> int:
         epsilon=job.clip, beta=0.0, loss_type="dapo", scale_rewards="group",
     )
     train = Dataset.from_parquet(cfg["train"])
+    if cfg.get("step0_validation"):  # timed, like meshrl's validation before its first step
+        greedy_validation(model, tok, cfg["test"], job.response, job.reward_kwargs)
+        model.train()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=train, processing_class=tok,
                           callbacks=[Steps()])
     trainer.train()
@@ -318,12 +358,32 @@ def prepare(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     return model, data
 
 
-def report(r: Result, target: float) -> str:
+def cpu_total(r: Result) -> float:
+    """CPU seconds per RL step after the first, all of the system's processes together."""
+    return sum(r.cpu_per_step.values()) if r.cpu_per_step else math.nan
+
+
+def report(r: Result, target: float, seed: int, load_at_start: str) -> str:
     step, secs = r.reached(target)
     cpu = ",".join(f"{k}:{v:.2f}" for k, v in sorted(r.cpu_per_step.items()))
-    return (f"{r.system:6s} first_step_s={r.first_step_s():.1f} s_per_step={r.s_per_step():.2f} "
+    return (f"{r.system:6s} seed={seed} first_step_s={r.first_step_s():.1f} s_per_step={r.s_per_step():.2f} "
             f"target_step={step if step is not None else 'n/a'} target_s={secs:.1f} steps={len(r.history)} "
-            f"final_reward={r.final_reward():.3f} validation={r.validation:.3f} cpu_s_per_step={cpu or 'n/a'}")
+            f"final_reward={r.final_reward():.3f} validation={r.validation:.3f} cpu_s_per_step={cpu or 'n/a'} "
+            f"cpu_total={cpu_total(r):.2f} load={load_at_start}")
+
+
+def paired_ratios(m: Result, t: Result, target: float) -> dict[str, float]:
+    """meshrl over TRL, for one seed (nan where either side never reached the target)."""
+    return {"time_to_target_ratio": m.reached(target)[1] / t.reached(target)[1],
+            "s_per_step_ratio": m.s_per_step() / t.s_per_step(),
+            "first_step_ratio": m.first_step_s() / t.first_step_s(),
+            "cpu_ratio": cpu_total(m) / cpu_total(t)}
+
+
+def median(xs: list[float]) -> float:
+    """The median of the finite values (nan when none is)."""
+    finite = [x for x in xs if not math.isnan(x)]
+    return statistics.median(finite) if finite else math.nan
 
 
 def main() -> int:
@@ -331,24 +391,41 @@ def main() -> int:
     if args.trl_worker:
         return trl_worker(args.trl_worker)
     job = JOBS[args.job]
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="meshrl-vs-trl-"))
-    work.mkdir(parents=True, exist_ok=True)
-    warm, data = prepare(work, args)
+    root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="meshrl-vs-trl-"))
+    root.mkdir(parents=True, exist_ok=True)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     runners = {"trl": run_trl, "meshrl": run_meshrl}
-    results: dict[str, Result] = {}
-    for name in [s.strip() for s in args.systems.split(",") if s.strip()]:
-        print(f"running {name} ({args.steps} steps); load {os.getloadavg()[0]:.2f}", flush=True)
-        results[name] = runners[name](job, work, warm, data, args)
-        print(report(results[name], args.target), flush=True)
-    (work / "results.json").write_text(json.dumps({k: asdict(v) for k, v in results.items()}, indent=1))
-    if set(results) != {"trl", "meshrl"}:
-        print(f"results in {work / 'results.json'} (the ratio line needs both systems)")
+    print(f"cpu_budget cpus={','.join(map(str, args.cpus))} (both systems' process trees pinned to them) "
+          f"trl_torch_threads={len(args.cpus)} step0_validation={'both' if args.step0_validation else 'neither'}",
+          flush=True)
+    per_seed: list[dict[str, Result]] = []
+    first_seed = args.seed
+    for seed in range(first_seed, first_seed + args.seeds):
+        args.seed = seed
+        work = root / f"seed-{seed}" if args.seeds > 1 else root
+        work.mkdir(parents=True, exist_ok=True)
+        warm, data = prepare(work, args)
+        results: dict[str, Result] = {}
+        for name in systems:
+            at_start = load()
+            print(f"running {name} seed={seed} ({args.steps} steps); load {at_start}", flush=True)
+            results[name] = runners[name](job, work, warm, data, args)
+            print(report(results[name], args.target, seed, at_start), flush=True)
+        (work / "results.json").write_text(json.dumps({k: asdict(v) for k, v in results.items()}, indent=1))
+        per_seed.append(results)
+    if set(systems) != {"trl", "meshrl"}:
+        print(f"results under {root} (the ratio line needs both systems)")
         return 0
-    m, t = results["meshrl"], results["trl"]
-    ratio = m.reached(args.target)[1] / t.reached(args.target)[1]
-    print(f"load {os.getloadavg()[0]:.2f}; results in {work / 'results.json'}")
-    print(f"vs_trl time_to_target_ratio={ratio:.3f} s_per_step_ratio={m.s_per_step() / t.s_per_step():.3f} "
-          f"first_step_ratio={m.first_step_s() / t.first_step_s():.3f}")
+    ratios = [paired_ratios(r["meshrl"], r["trl"], args.target) for r in per_seed]
+    for name in systems:
+        runs = [r[name] for r in per_seed]
+        print(f"median {name:6s} first_step_s={median([r.first_step_s() for r in runs]):.1f} "
+              f"s_per_step={median([r.s_per_step() for r in runs]):.2f} "
+              f"target_s={median([r.reached(args.target)[1] for r in runs]):.1f} "
+              f"final_reward={median([r.final_reward() for r in runs]):.3f} "
+              f"validation={median([r.validation for r in runs]):.3f} cpu_total={median([cpu_total(r) for r in runs]):.2f}")
+    print(f"load {load()}; results under {root}")
+    print(f"vs_trl seeds={len(per_seed)} " + " ".join(f"{k}={median([r[k] for r in ratios]):.3f}" for k in ratios[0]))
     return 0
 
 
