@@ -139,19 +139,13 @@ class CpuSampler:
         self._thread.join(10)
 
     def _loop(self) -> None:
+        from services.procs import all_proc_stats
+
         me = os.getpid()
         while not self._stop.is_set():
             now, procs = time.time(), {}
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        stat = f.read()
-                except OSError:
-                    continue
-                fields = stat.rsplit(")", 1)[1].split()
-                procs[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / self._tick)
+            for st in all_proc_stats():
+                procs[st.pid] = (st.ppid, st.cpu_ticks / self._tick)
             cpu: dict[int, float] = {}
             for pid, (ppid, used) in procs.items():
                 kind = self._classify(pid, ppid, procs, me)

@@ -19,6 +19,7 @@ import torch
 
 from services import auth
 from services.net import free_port
+from services.procs import all_proc_stats, proc_stat
 from tests.fixtures.ray_nodes import RayNodes
 
 import ray.serve  # noqa: F401,E402  (the test extra installs ray[serve])
@@ -28,19 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1500)]
 PROMPT_LEN, RESPONSE_LEN = 48, 16
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(command, parent pid, process group) of ``pid``; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    rest = stat.rsplit(")", 1)[1].split()
-    return stat[stat.index("(") + 1: stat.rindex(")")], int(rest[1]), int(rest[2])
-
-
 def _alive(pids: set[int]) -> set[int]:
-    return {p for p in pids if (_stat(p) or ("", 0, 0))[0].startswith("VLLM")}
+    return {p for p in pids if (st := proc_stat(p)) is not None and st.comm.startswith("VLLM")}
 
 
 def _our_vllm(cluster: RayNodes) -> set[int]:
@@ -48,16 +38,15 @@ def _our_vllm(cluster: RayNodes) -> set[int]:
     ``ray start`` process, or orphans still in a node's process group."""
     nodes = {n.proc.pid for n in [cluster.head, *cluster.workers] if n is not None}
     out = set()
-    for entry in os.listdir("/proc"):
-        st = _stat(int(entry)) if entry.isdigit() else None
-        if st is None or not st[0].startswith("VLLM"):
+    for st in all_proc_stats():
+        if not st.comm.startswith("VLLM"):
             continue
-        pid, chain = int(entry), st
-        while chain is not None and pid not in nodes and chain[2] not in nodes and pid > 1:
-            pid = chain[1]
-            chain = _stat(pid)
-        if chain is not None and (pid in nodes or chain[2] in nodes):
-            out.add(int(entry))
+        pid, chain = st.pid, st
+        while chain is not None and pid not in nodes and chain.pgid not in nodes and pid > 1:
+            pid = chain.ppid
+            chain = proc_stat(pid)
+        if chain is not None and (pid in nodes or chain.pgid in nodes):
+            out.add(st.pid)
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from services.procs import all_proc_stats
 from tests.fixtures.jobs import make_arith_parquet
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -19,16 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
+    return [st.pid for st in all_proc_stats() if st.ppid == pid]
 
 
 @pytest.fixture(scope="module")
