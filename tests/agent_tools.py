@@ -81,7 +81,8 @@ class NetworkProbe(Tool):
         s = socket.socket()
         s.settimeout(2)
         try:
-            s.connect(("1.1.1.1", 53))
+            s.connect(("127.0.0.1", int(arguments["port"])))  # a listener the test opened on this machine
+            s.sendall(b"hello from the tool")
             return "connected"
         finally:
             s.close()
@@ -102,7 +103,11 @@ class HangsWhenAsked(Tool):
             while True:
                 time.sleep(1)
         self.calls[instance_id] = self.calls.get(instance_id, 0) + 1
-        return f"{os.getpid()}:{self.calls[instance_id]}"
+        return f"{PROCESS_TAG}:{self.calls[instance_id]}"
+
+
+#: Names this worker process (in a sandbox's own pid namespace every worker is pid 2).
+PROCESS_TAG = f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
 class CallOnce(ToolCallParser):

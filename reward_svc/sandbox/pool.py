@@ -19,6 +19,7 @@ with the rollout's tools) running :mod:`reward_svc.sandbox.worker`.
 from __future__ import annotations
 
 import math
+import os
 import queue
 import subprocess
 import threading
@@ -28,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from services.sandbox.confine import Confinement
 from services.sandbox.process import SandboxProcess, SandboxStartError
 from services.sandbox.protocol import ChannelClosed, ChannelError, ChannelTimeout, pack
 
@@ -89,31 +91,50 @@ def validate_result(value: Any, max_extra: int) -> CallResult:
     return CallResult(score, extra=extra)
 
 
+def reward_confinement(spec: SandboxSpec) -> Confinement:
+    """What a reward worker sees: the meshrl core and ``reward_svc``, the function's file (or
+    its module's top-level package), read-only, and the job's inputs. Without a user
+    function (``isolate_builtin``) it runs trusted code only."""
+    packages = ["services", "reward_svc"]
+    inputs: list[str] = []
+    if spec.path:
+        if spec.path.endswith(".py") or os.path.isfile(spec.path):
+            inputs.append(os.path.abspath(spec.path))
+        else:
+            packages.append(spec.path.split(".", 1)[0])
+    return Confinement(packages=tuple(packages), inputs=tuple(inputs), allow_network=spec.allow_network,
+                       user_code=bool(spec.path))
+
+
 class _Worker(SandboxProcess):
     """One reward worker process."""
 
     def __init__(self, spec: SandboxSpec) -> None:
+        path = spec.path
+        if path and (path.endswith(".py") or os.path.isfile(path)):
+            path = os.path.abspath(path)  # the worker's working directory is its scratch
         init = {
             "op": "init",
-            "path": spec.path,
+            "path": path,
             "name": spec.name,
             "kwargs": spec.kwargs,
             "memory_limit_mb": spec.memory_limit_mb,
             "allow_network": spec.allow_network,
         }
         super().__init__("reward_svc.sandbox.worker", init, max_reply_bytes=spec.max_result_bytes,
-                         start_timeout_s=spec.start_timeout_s, what="reward worker", loading="the function")
+                         start_timeout_s=spec.start_timeout_s, what="reward worker", loading="the function",
+                         confinement=reward_confinement(spec))
 
 
-def _failure(exc: BaseException, what: str, proc: subprocess.Popen | None) -> CallResult:
+def _failure(exc: BaseException, what: str, worker: SandboxProcess | None) -> CallResult:
     if isinstance(exc, ChannelTimeout):
         return CallResult(0.0, error=f"{what} exceeded its deadline", kind="timeout")
     if isinstance(exc, (ChannelClosed, BrokenPipeError)):
         try:
-            code = proc.wait(timeout=2) if proc is not None else None
+            code = worker.proc.wait(timeout=2) if worker is not None else None
         except subprocess.TimeoutExpired:
             code = None
-        detail = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        detail = worker.exit_detail(code) if worker is not None else f"exit code {code}"
         return CallResult(0.0, error=f"reward worker died during {what} ({detail})", kind="crash")
     return CallResult(0.0, error=f"bad reply during {what}: {exc}", kind="invalid")
 
@@ -220,13 +241,13 @@ class SandboxPool:
         except (OSError, ValueError, TypeError) as exc:
             if isinstance(exc, (TypeError, ValueError)):  # an item is not JSON: fail items one by one
                 return self._run_singly(worker, idxs, items, results)
-            results[idxs[0]] = _failure(ChannelClosed(), "a reward call", worker.proc)
+            results[idxs[0]] = _failure(ChannelClosed(), "a reward call", worker)
             return idxs[1:]
         for pos, i in enumerate(idxs):
             try:
                 msg = worker.reader.read(time.monotonic() + self.spec.call_timeout_s)
             except (ChannelTimeout, ChannelClosed, ChannelError, OSError) as exc:
-                results[i] = _failure(exc, "a reward call", worker.proc if not isinstance(exc, ChannelTimeout) else None)
+                results[i] = _failure(exc, "a reward call", worker if not isinstance(exc, ChannelTimeout) else None)
                 return idxs[pos + 1 :]
             results[i] = self._from_reply(msg)
             if results[i].kind == "memory":  # a worker that ran out of memory is replaced
@@ -269,7 +290,7 @@ class SandboxPool:
                 healthy = True
                 return [CallResult(0.0, error=f"batch is not JSON-serialisable: {exc}", kind="invalid")] * n
             except (ChannelTimeout, ChannelClosed, ChannelError, OSError) as exc:
-                res = _failure(exc, "a batch reward call", worker.proc if not isinstance(exc, ChannelTimeout) else None)
+                res = _failure(exc, "a batch reward call", worker if not isinstance(exc, ChannelTimeout) else None)
                 return [res] * n
             if msg.get("ok") is not True:
                 res = self._from_reply(msg)

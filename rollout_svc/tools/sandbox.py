@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.config.agent import ToolSpec
+from services.sandbox.confine import Confinement
 from services.sandbox.process import SandboxProcess, SandboxStartError
 from services.sandbox.protocol import ChannelClosed, ChannelError, ChannelTimeout, Reader, pack
 
@@ -63,6 +64,16 @@ class ToolReply:
     kind: str = ""
     latency_s: float = 0.0
 
+
+
+def tool_confinement(spec: ToolSpec) -> Confinement:
+    """What a tool's workers see: the meshrl core and ``rollout_svc`` (the tool base class),
+    the tool's own top-level package, read-only, and the job's inputs. The built-in tools
+    (``rollout_svc.tools.*``) are trusted code; any other class is user code."""
+    top = spec.class_name.split(".", 1)[0]
+    builtin = spec.class_name.startswith("rollout_svc.tools.")
+    return Confinement(packages=("services", "rollout_svc", top), allow_network=spec.allow_network,
+                       user_code=not builtin)
 
 
 class _Retry:
@@ -194,11 +205,8 @@ class _Channel:
                 os.close(fd)
             except OSError:
                 pass
-        if kill and self.proc.proc.poll() is None:
-            try:
-                os.killpg(self.proc.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if kill:
+            self.proc.signal_kill()  # under bubblewrap: the worker's whole pid namespace
         first = not retry_all
         while self.pending:
             fut = self.pending.popleft()
@@ -247,7 +255,7 @@ class ToolSandbox:
     def _spawn(self) -> SandboxProcess:
         return SandboxProcess(WORKER_MODULE, self._init_msg(), max_reply_bytes=self.spec.max_result_bytes,
                               start_timeout_s=self.spec.start_timeout_s, what=f"tool {self.spec.class_name}",
-                              loading="the tool class")
+                              loading="the tool class", confinement=tool_confinement(self.spec))
 
     def _channel(self, proc: SandboxProcess, gen: int) -> _Channel:
         return _Channel(proc, gen, self.spec.timeout_s, self.spec.max_result_bytes)
@@ -325,7 +333,7 @@ class ToolSandbox:
                 return ToolReply(False, error=f"tool reply is larger than {self.spec.max_result_bytes} bytes", kind="too_large")
             return ToolReply(False, error=f"bad reply from the tool: {exc}", kind="invalid")
         code = proc.proc.poll() if proc is not None else None
-        detail = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        detail = proc.exit_detail(code) if proc is not None else f"exit code {code}"
         return ToolReply(False, error=f"tool worker died during {op} ({detail})", kind="crash")
 
     async def _send(self, slot: _Slot, chan: _Channel, op: str, data: bytes) -> ToolReply | None:

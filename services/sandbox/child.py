@@ -6,8 +6,13 @@ A sandbox worker module (``python -m <module>``, started by
 * moves the protocol pipes (stdin/stdout) to private descriptors and points fd 1 at
   stderr, so the user code's ``print`` output cannot corrupt the protocol;
 * arranges to die with its parent (``PR_SET_PDEATHSIG``);
-* reads the ``init`` message, sets ``RLIMIT_AS`` to its ``memory_limit_mb`` (no core
-  dumps) and, unless ``allow_network``, drops into an empty network namespace
+* reads the ``init`` message and sets its resource limits, soft = hard so the user code
+  cannot raise them: ``RLIMIT_AS`` = ``memory_limit_mb``, no core dumps, ``RLIMIT_CPU``
+  (``cpu_time_s``, CPU seconds over the worker's life: one that reaches it is killed and
+  replaced), ``RLIMIT_NPROC`` (``max_processes``, threads included), ``RLIMIT_FSIZE``
+  (``max_file_mb``), ``RLIMIT_NOFILE`` (``max_open_files``); then, unless
+  ``allow_network``, cuts the network: under bubblewrap (``"sandbox": "bwrap"``) its
+  network namespace is already empty; otherwise it unshares one itself
   (``unshare(CLONE_NEWNET)``; if the kernel refuses, a ``sys.addaudithook`` that rejects
   socket use);
 * runs the worker's own ``setup`` (the user code's import) and reports what it raised as
@@ -45,10 +50,32 @@ def _die_with_parent() -> None:
         pass
 
 
+#: Defaults of the limits an ``init`` message may set (``cpu_time_s``, ``max_processes``,
+#: ``max_file_mb``, ``max_open_files``).
+DEFAULT_LIMITS = {"cpu_time_s": 3600, "max_processes": 512, "max_file_mb": 1024, "max_open_files": 1024}
+
+
+def _cap(which: int, value: int) -> None:
+    """Set soft = hard = ``value``, never above a hard limit already lower."""
+    _, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
 def _limit_memory(mb: int) -> None:
     limit = int(mb) << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _limit_resources(init: dict[str, Any]) -> None:
+    limits = {k: int(init.get(k) or v) for k, v in DEFAULT_LIMITS.items()}
+    _cap(resource.RLIMIT_CPU, limits["cpu_time_s"])
+    _cap(resource.RLIMIT_FSIZE, limits["max_file_mb"] << 20)
+    _cap(resource.RLIMIT_NOFILE, limits["max_open_files"])
+    if os.geteuid() != 0:  # RLIMIT_NPROC does not bind root (the weaker mode as root)
+        _cap(resource.RLIMIT_NPROC, limits["max_processes"])
 
 
 def _block_network() -> str:
@@ -108,11 +135,18 @@ def take_protocol_fds() -> tuple[int, int]:
     return proto_in, proto_out
 
 
-def harden(memory_limit_mb: int, allow_network: bool) -> str:
-    """Apply the sandbox limits to this process: ``RLIMIT_AS``, no core dumps, and the
-    network cut unless allowed. Returns the network mode (``allowed``/``netns``/``audit-hook``)."""
+def harden(memory_limit_mb: int, allow_network: bool, init: dict[str, Any] | None = None) -> str:
+    """Apply the sandbox limits to this process: ``RLIMIT_AS``, no core dumps, CPU time,
+    processes, file size, descriptors, and the network cut unless allowed. Returns the
+    network mode (``allowed``/``netns``/``audit-hook``)."""
+    init = init or {}
     _limit_memory(int(memory_limit_mb))
-    return "allowed" if allow_network else _block_network()
+    _limit_resources(init)
+    if allow_network:
+        return "allowed"
+    if init.get("sandbox") == "bwrap":
+        return "netns"  # bubblewrap's --unshare-net: no interface but a down loopback
+    return _block_network()
 
 
 def start(max_in_bytes: int, setup: Callable[[dict[str, Any]], T]) -> tuple[Reader, int, str, T]:
@@ -128,7 +162,7 @@ def start(max_in_bytes: int, setup: Callable[[dict[str, Any]], T]) -> tuple[Read
     except ChannelClosed:
         raise SystemExit(0) from None
     try:
-        network = harden(int(init["memory_limit_mb"]), bool(init.get("allow_network")))
+        network = harden(int(init["memory_limit_mb"]), bool(init.get("allow_network")), init)
         value = setup(init)
     except BaseException as exc:  # noqa: BLE001 - anything the user's import raises is reported
         reply(fd_out, {"op": "fatal", "error": f"{type(exc).__name__}: {exc}"[-_MAX_ERROR_CHARS:]})

@@ -22,11 +22,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from services.sandbox.confine import Confinement, SandboxUnavailable, bwrap_argv, sandbox_mode
 from services.sandbox.protocol import ChannelClosed, ChannelError, ChannelTimeout, Reader, pack, write_all
 
 
 class SandboxStartError(RuntimeError):
-    """A worker could not start (bad function path, import error, start deadline)."""
+    """A worker could not start (bad function path, import error, start deadline, no bubblewrap)."""
 
 
 #: Environment variables a worker inherits; everything else (credentials such as a Redis
@@ -48,16 +49,27 @@ class SandboxProcess:
     ``{"op": "ready"}``."""
 
     def __init__(self, module: str, init: dict[str, Any], *, max_reply_bytes: int, start_timeout_s: float,
-                 what: str = "sandbox worker", loading: str = "its code") -> None:
+                 what: str = "sandbox worker", loading: str = "its code",
+                 confinement: Confinement | None = None) -> None:
+        conf = confinement or Confinement()
         env = worker_env(os.environ)
+        argv = [sys.executable, "-m", module]
+        try:
+            self.mode = sandbox_mode(conf.user_code)
+        except SandboxUnavailable as exc:
+            raise SandboxStartError(f"{what}: {exc}") from None
+        if self.mode == "bwrap":
+            argv = bwrap_argv(argv, conf, env)
+        init = {**init, "sandbox": self.mode}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,
             env=env,
-            start_new_session=True,  # its own process group: we kill it and anything it forked
-            close_fds=True,
+            close_fds=True,  # nothing inherited but the protocol pipes and stderr
+            # no new session: the worker stays in the service's (the job's) process group,
+            # so pausing the job (SIGSTOP to its group) stops the worker too
         )
         self.reader = Reader(self.proc.stdout.fileno(), max_reply_bytes)
         self.network = "?"
@@ -74,16 +86,30 @@ class SandboxProcess:
         self.network = str(msg.get("network"))
         self.pid = self.proc.pid
 
+    def exit_detail(self, code: int | None) -> str:
+        """How the worker ended, in words (bubblewrap reports a signal ``N`` as exit code 128+N)."""
+        if code is not None and code < 0:
+            return f"killed by signal {-code}"
+        if code is not None and code > 128 and self.mode == "bwrap":
+            return f"killed by signal {code - 128}"
+        return f"exit code {code}"
+
     def send(self, msg: dict[str, Any]) -> None:
         write_all(self.proc.stdin.fileno(), pack(msg))
 
-    def kill(self) -> None:
-        """Kill the worker's whole process group (only processes this worker started)."""
+    def signal_kill(self) -> None:
+        """SIGKILL the worker now without waiting for it. Under bubblewrap the killed
+        process is the sandbox's bwrap: its pid namespace ends, taking every process the
+        user code started with it."""
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
+                self.proc.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        """Kill the worker (and, under bubblewrap, every process in its sandbox) and reap it."""
+        self.signal_kill()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

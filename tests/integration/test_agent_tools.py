@@ -4,11 +4,13 @@ return megabytes, crash or use the network. No vLLM."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
 from rollout_svc.tools.sandbox import InProcessTool, ToolSandbox
 from services.config.agent import MultiTurnConfig, ToolSpec
+from services.procs import pid_alive
 from services.sandbox.process import SandboxStartError
 
 DEADLINE = 60
@@ -60,7 +62,8 @@ async def test_a_tool_that_hangs_is_killed_at_its_deadline_and_replaced() -> Non
         pid = box._slots[0].proc.pid
         r = await box.call("execute", "t", args={})
         assert not r.ok and r.kind == "timeout" and "deadline" in r.error
-        assert 1.0 <= r.latency_s < 30
+        # ended by the deadline it was given (nothing else), and the hung worker is gone
+        assert "exceeded its 1s deadline" in r.error and not pid_alive(pid)
         assert box.restarts == 1 and box._slots[0].proc.pid != pid
         r = await box.call("execute", "t", args={})  # the instance is re-created in the new worker
         assert r.kind == "timeout"
@@ -89,12 +92,42 @@ async def test_state_lost_with_a_replaced_worker_is_recreated() -> None:
     await _with_box(spec("Echo"), body)
 
 
-async def test_no_network_unless_allowed() -> None:
-    async def body(box):
-        r = await box.call("execute", "t", args={})
-        assert not r.ok and r.kind == "exception"
+def _listener() -> socket.socket:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    srv.settimeout(5)
+    return srv
 
-    await _with_box(spec("NetworkProbe"), body)
+
+async def test_no_network_unless_allowed() -> None:
+    """A local listener (no outside network needed): the sandboxed tool cannot reach it; the
+    same tool with allow_network reaches it and its bytes arrive."""
+    with _listener() as srv:
+        port = srv.getsockname()[1]
+
+        async def denied(box):
+            assert box.network == "netns"
+            r = await box.call("execute", "t", args={"port": port})
+            assert not r.ok and r.kind == "exception", r
+            assert "refused" in r.error or "unreachable" in r.error, r.error
+
+        await _with_box(spec("NetworkProbe"), denied)
+        srv.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            srv.accept()  # nothing ever connected to the host's listener
+
+        async def allowed(box):
+            assert box.network == "allowed"
+            r = await box.call("execute", "t", args={"port": port})
+            assert r.ok and r.result["text"] == "connected", r
+
+        srv.settimeout(5)
+        await _with_box(spec("NetworkProbe", allow_network=True), allowed)
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(5)
+            assert conn.recv(100) == b"hello from the tool"
 
 
 async def test_many_concurrent_calls_nothing_hangs() -> None:
@@ -121,13 +154,15 @@ async def test_calls_queued_behind_a_hung_call_are_answered_by_the_new_worker() 
         assert replies[0].kind == "timeout"
         new_pid = box._slots[0].proc.pid
         assert box.restarts == 1 and new_pid != pid
-        assert [r.result["text"] for r in replies[1:]] == [f"{new_pid}:1"] * 8
+        tags = {r.result["text"] for r in replies[1:]}
+        assert len(tags) == 1 and tags.pop().endswith(":1")  # all 8 answered once, by the one new worker
+        worker_tag = replies[1].result["text"].rsplit(":", 1)[0]
         # a caller that gives up while queued does not disturb the calls after it
         queued = asyncio.ensure_future(box.call("execute", "t0", args={}))
         await asyncio.sleep(0)
         queued.cancel()
         after = await box.call("execute", "t1", args={})
-        assert after.ok and after.result["text"] == f"{new_pid}:2"
+        assert after.ok and after.result["text"] == f"{worker_tag}:2"
         # reward and release of a class without them are answered here, not by the worker
         assert (await box.call("reward", "t1")).ok and (await box.release("t1")).ok
 
