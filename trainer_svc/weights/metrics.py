@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer_svc.weights.promotion import RolloutState
+from trainer_svc.weights.rollout_state import RolloutState
 from services.weights.report import PublishReport
 
 

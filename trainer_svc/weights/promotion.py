@@ -1,165 +1,148 @@
-"""The canary gate's bookkeeping on the publisher: roles, the promoted and candidate versions.
+"""The publisher's side of the canary gate (``weights.rollout.mode: canary``): :class:`Promotion`.
 
-With ``weights.rollout.mode: canary`` a published version is not pushed to every replica.
-:class:`RolloutState` decides, per version, where it goes (:meth:`RolloutState.route`):
-
-* the trainer's starting weights are **promoted** at once (every replica loads them);
-* the next version becomes the **candidate**: it is broadcast to the canaries only, while
-  every other replica keeps serving the promoted version;
-* a version published while a candidate is under test (or while the rollout is paused) is
-  **held back**: sent to nobody (each version is complete weights, so nothing is lost; the
-  first version published after the decision is the next candidate).
-
-The trainer decides (:meth:`promote` / :meth:`reject`); :meth:`target` then says which
-version each replica is to serve. Roles are sticky: a canary keeps its seat while it is
-subscribed; a free seat goes to the first subscriber by replica id, never to one that
-asked for promoted versions only (the live-policy endpoint). Pure bookkeeping, no I/O:
-the publisher holds its lock around every call and sends the resulting SERVE messages.
+A :class:`Promotion` is owned by :class:`~trainer_svc.weights.publisher.WeightPublisher`
+(``publisher.promotion``). It routes each published version (:meth:`Promotion.route`),
+carries out what the trainer decides once it judged a candidate (``promote``, ``reject``,
+``resume``; the publisher's methods of those names delegate here), tells every replica the
+version it is to serve (a SERVE control message), keeps the promoted version's snapshot
+pinned and picks which snapshot ``FetchSnapshot`` streams to whom. The decisions'
+bookkeeping is :class:`~trainer_svc.weights.rollout_state.RolloutState` (``rollout``); the
+subscribers and the lock are the publisher's :class:`~trainer_svc.weights.membership.Membership`.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import logging
+import threading
+from collections.abc import Iterable
 
-from services.config.weights import RolloutGateConfig
-from services.weights.errors import VersionError
+from services.pb import weights_pb2 as pb
+from services.weights.errors import SnapshotError
+from services.weights.messages import control
+from trainer_svc.weights.arena import PinnedSnapshot, SnapshotArena
+from trainer_svc.weights.membership import Membership, Subscriber
+from trainer_svc.weights.metrics import PublisherMetrics
+from trainer_svc.weights.rollout_state import RolloutEvent, RolloutState, replica_of
 
-MAX_EVENTS = 64
+__all__ = ["Promotion", "RolloutEvent", "RolloutState", "replica_of"]
 
-
-@dataclass
-class RolloutEvent:
-    """One step of the gate's timeline (see ``RolloutEvent`` in proto/weights.proto)."""
-
-    version: int
-    kind: str  # promoted | rejected | candidate | held_back | paused | resumed
-    reason: str = ""
-    measurements: dict[str, float] = field(default_factory=dict)
-    ts: float = field(default_factory=time.time)
-
-    def as_dict(self) -> dict:
-        return {"ts": self.ts, "version": self.version, "kind": self.kind, "reason": self.reason,
-                "measurements": dict(self.measurements)}
+log = logging.getLogger("trainer_svc.weights.publisher")
+K = pb.ControlKind
 
 
-class RolloutState:
-    """Where each version goes and which version each replica serves (module docstring)."""
+class Promotion:
+    """The canary gate's operations of the weight publisher (module docstring)."""
 
-    def __init__(self, cfg: RolloutGateConfig) -> None:
-        self.cfg = cfg
-        self.promoted = -1
-        self.candidate: int | None = None
-        self.rejected: dict[int, str] = {}
-        self.paused = ""
-        self.canaries: set[str] = set()
-        self.events: deque[RolloutEvent] = deque(maxlen=MAX_EVENTS)
-        self.held_back = 0
+    def __init__(self, rollout: RolloutState, membership: Membership, arena: SnapshotArena | None,
+                 publish_lock: threading.Lock, metrics: PublisherMetrics | None = None):
+        self.rollout = rollout
+        self.m = membership
+        self.arena = arena
+        self.metrics = metrics
+        self._publish_lock = publish_lock  # the publisher's: promote never while a publish fills the arena
+        self.pinned: PinnedSnapshot | None = None  # canary mode: the promoted version's snapshot
+        self._candidate_out: tuple[int, set[Subscriber]] | None = None
+        """Canary mode: the last candidate whose broadcast ended, and the subscribers it
+        reached. A canary seated after it (the first canary died) loads it from the snapshot."""
 
-    @property
-    def canary_mode(self) -> bool:
-        return self.cfg.mode == "canary"
-
-    def _event(self, version: int, kind: str, reason: str = "", measurements: Mapping[str, float] | None = None) -> None:
-        self.events.append(RolloutEvent(version, kind, reason, dict(measurements or {})))
-
-    # ------------------------------------------------------------------ versions
+    # ------------------------------------------------------------------ publishing
     def route(self, promote: bool) -> str:
-        """Where a newly published version goes: ``all`` (mode all), ``promote`` (promoted
-        without a canary: the trainer's starting weights), ``canaries`` (the new candidate) or
-        ``held_back`` (a candidate is under test, or the rollout is paused). Changes nothing:
-        :meth:`routed` records it once the version is published."""
-        if not self.canary_mode:
-            return "all"
-        if promote:
-            return "promote"
-        return "held_back" if self.candidate is not None or self.paused else "canaries"
+        """Where a newly published version goes (:meth:`RolloutState.route`)."""
+        with self.m.lock:
+            return self.rollout.route(promote)
 
-    def wants_next(self) -> bool:
-        """Whether the next version would go anywhere (else the trainer need not gather it)."""
-        return self.route(False) != "held_back"
+    def begin_candidate(self, version: int) -> None:
+        """``version`` goes to the canaries: they are told it (SERVE) before BEGIN."""
+        with self.m.lock:
+            self.rollout.candidate = version
+        self.sync_targets()
 
-    def routed(self, version: int, route: str) -> None:
-        """``version`` was published along ``route`` (see :meth:`route`)."""
-        if route in ("all", "promote"):
-            self.promoted, self.candidate = version, None
-            if route == "promote":
-                self._event(version, "promoted", "the trainer's starting weights")
-        elif route == "canaries":
-            self.candidate = version
-            self._event(version, "candidate")
-        else:
-            self.held_back += 1
+    def drop_candidate(self) -> None:
+        """The candidate's publish failed: it was not published, there is no candidate after all."""
+        with self.m.lock:
+            self.rollout.candidate = None
+        self.sync_targets()
 
-    def _check_candidate(self, version: int) -> None:
-        if self.candidate != version:
-            raise VersionError(f"v{version} is not the candidate under test (the candidate is {self.candidate})")
+    def routed(self, version: int, route: str, reached: Iterable[Subscriber] = ()) -> None:
+        """``version`` was published along ``route``; ``reached``: the members that received it."""
+        with self.m.lock:
+            self.rollout.routed(version, route)
+            if route == "canaries":
+                self._candidate_out = (version, set(reached))
+        if route == "promote":
+            self.pin()
+        if route != "held_back":
+            self.sync_targets()
 
-    def promote(self, version: int, measurements: Mapping[str, float] | None = None) -> None:
-        """The candidate ``version`` passed: every replica is to serve it."""
-        self._check_candidate(version)
-        self.promoted, self.candidate = version, None
-        self._event(version, "promoted", measurements=measurements)
+    # ------------------------------------------------------------------ the trainer's decisions
+    def promote(self, version: int, measurements: dict[str, float] | None = None) -> None:
+        """See ``WeightPublisher.promote``."""
+        with self._publish_lock:  # never while a publish fills the arena
+            with self.m.lock:
+                self.rollout.promote(version, measurements)
+            if self.arena is not None and self.arena.version == version:
+                self.pin()
+        log.info("weights v%d promoted (%s)", version, measurements or {})
+        if self.metrics is not None:
+            self.metrics.decided("promoted")
+        self.sync_targets()
 
-    def reject(self, version: int, reason: str, measurements: Mapping[str, float] | None = None,
+    def reject(self, version: int, reason: str, measurements: dict[str, float] | None = None,
                pause: bool = False) -> None:
-        """The candidate ``version`` failed: the canaries go back to the promoted version;
-        with ``pause`` no new candidate is taken until :meth:`resume`."""
-        self._check_candidate(version)
-        self.candidate = None
-        self.rejected[version] = reason
-        self._event(version, "rejected", reason, measurements)
-        if pause:
-            self.paused = f"v{version} rejected: {reason}"
-            self._event(version, "paused", self.paused)
+        """See ``WeightPublisher.reject``."""
+        with self.m.lock:
+            self.rollout.reject(version, reason, measurements, pause)
+        log.error("weights v%d rejected at the canary: %s", version, reason)
+        if self.metrics is not None:
+            self.metrics.decided("rejected")
+        self.sync_targets()
 
     def resume(self, reason: str = "") -> None:
-        """End a pause: the next published version is the next candidate."""
-        if not self.paused:
-            raise VersionError("the rollout is not paused")
-        self.paused = ""
-        self._event(self.promoted, "resumed", reason)
+        """See ``WeightPublisher.resume``."""
+        with self.m.lock:
+            self.rollout.resume(reason)
+        log.warning("weights: rollout resumed (%s)", reason or "no reason given")
+        if self.metrics is not None:
+            self.metrics.rollout(self.rollout)
 
-    # ------------------------------------------------------------------ replicas
-    def assign(self, subscribers: Iterable[tuple[str, bool]]) -> None:
-        """Recompute the canary seats from the connected ``(replica_id, promoted_only)``:
-        canaries that are still here keep theirs; free seats go to the others by id. The
-        workers of one tensor-parallel replica (``<id>.w<rank>``) share its seat."""
-        if not self.canary_mode:
+    # ------------------------------------------------------------------ replicas and snapshots
+    def pin(self) -> None:
+        """The arena's version is promoted: keep it pinned (the arena packs into the buffers
+        of the version promoted before)."""
+        if self.arena is not None and self.arena.version >= 0:
+            self.pinned = self.arena.pin(recycle=self.pinned)
+
+    def sync_targets(self) -> None:
+        """Canary mode: recompute the seats and send SERVE to every replica whose version
+        to serve or role changed."""
+        if not self.rollout.canary_mode:
             return
-        subs = sorted({(replica_of(rid), promoted_only) for rid, promoted_only in subscribers})
-        self.canaries &= {rid for rid, _ in subs}
-        for rid, promoted_only in subs:
-            if len(self.canaries) >= self.cfg.canary_replicas:
-                break
-            if not promoted_only:
-                self.canaries.add(rid)
+        with self.m.lock:
+            subs = [s for s in self.m.subs.values() if s.connected]
+            self.rollout.assign((s.replica_id, s.promoted_only) for s in subs)
+            out = self._candidate_out
+            for s in subs:
+                target = self.rollout.target(s.replica_id)
+                if target is None:
+                    continue
+                # the candidate's broadcast is over and did not reach this canary: no use waiting
+                told = (*target, target[1] and out is not None and out[0] == target[0] and s not in out[1])
+                if told != s.told:
+                    s.told = told
+                    s.outbox.put(control(K.CONTROL_KIND_SERVE, self.m.session, 0, target[0],
+                                         serve=pb.Serve(canary=told[1], from_snapshot=told[2])))
+        if self.metrics is not None:
+            self.metrics.rollout(self.rollout, {s.replica_id: self.rollout.is_canary(s.replica_id) for s in subs})
 
-    def is_canary(self, replica_id: str) -> bool:
-        return replica_of(replica_id) in self.canaries
-
-    def target(self, replica_id: str) -> tuple[int, bool] | None:
-        """``(version to serve, is canary)`` for ``replica_id``; None in mode all or before
-        anything was promoted."""
-        if not self.canary_mode or self.promoted < 0:
-            return None
-        canary = self.is_canary(replica_id)
-        if canary and self.candidate is not None:
-            return self.candidate, True
-        return self.promoted, canary
-
-    def as_dict(self) -> dict:
-        """JSON-able state (the trainer's ``/status``)."""
-        return {"mode": self.cfg.mode, "promoted": self.promoted, "candidate": self.candidate,
-                "rejected": {str(v): r for v, r in self.rejected.items()}, "paused": self.paused,
-                "canaries": sorted(self.canaries), "held_back": self.held_back,
-                "events": [e.as_dict() for e in self.events]}
-
-
-def replica_of(subscriber_id: str) -> str:
-    """The replica a subscriber belongs to: ``r0`` for ``r0`` and for its tensor-parallel
-    workers ``r0.w1``, ``r0.w2`` ... (each receives the whole model)."""
-    head, sep, rank = subscriber_id.rpartition(".w")
-    return head if sep and head and rank.isdigit() else subscriber_id
+    def snapshot_for(self, replica_id: str, min_version: int, chunk_bytes: int):
+        """See ``WeightPublisher.snapshot_for``."""
+        if self.arena is None:
+            raise SnapshotError("this publisher keeps no snapshots (weights.snapshot=false)")
+        with self.m.lock:
+            target = self.rollout.target(replica_id)
+            pinned = self.pinned
+        if target is not None and pinned is not None and target[0] == pinned.version:
+            return pinned.stream(chunk_bytes, min_version)
+        if target is not None and target[0] != self.arena.version:
+            raise SnapshotError(f"the snapshot of v{target[0]} is not ready yet")
+        return self.arena.stream(chunk_bytes, min_version)
