@@ -128,10 +128,12 @@ def test_two_replicas_bitwise_then_kill_and_catch_up(publisher):
     assert pub.wait_for_replicas(2, timeout=30, served_version=2)
 
     # v3: replica-b SIGKILLs itself after consuming bucket 2 of 10+.
-    deadline = pub.cfg.transfer_timeout_s
     report = pub.publish(3, iter(weights(3)))
     assert report.error is not None and "replica-b" in report.failed
-    assert report.seconds < deadline + 5.0  # at most one deadline, never blocked on the dead replica
+    # Never blocked on the dead replica: its death breaks its connections and the transfer
+    # fails on that (gloo's read error, or a member gone before it acknowledged), not on
+    # the deadline (`transfer_timeout_s` ran out: "did not complete within").
+    assert "did not complete within" not in report.error, report
     assert b.proc.wait(30) == -signal.SIGKILL
 
     # The survivor keeps receiving; the dead replica is left out of the next epoch.
@@ -165,20 +167,25 @@ def test_two_replicas_bitwise_then_kill_and_catch_up(publisher):
 def test_hung_replica_costs_one_deadline(tmp_path):
     cfg = WeightChannelConfig(control_port=0, bucket_mb=BUCKET_MB, transfer_timeout_s=3.0, snapshot=False)
     with WeightPublisher(cfg) as pub:
-        a = Probe(pub.control_address, "replica-a", 3, "--receive-ahead", "1", "--timeout", "3")
+        # the survivor's own deadline is longer than the publisher's: the one deadline that runs
+        # out is the publisher's (a survivor giving up first would abort the transfer itself)
+        a = Probe(pub.control_address, "replica-a", 3, "--receive-ahead", "1", timeout=20.0)
         b = Probe(pub.control_address, "replica-b", 3, "--receive-ahead", "1", "--timeout", "3", "--stop-at", "1:1")
         try:
             assert pub.wait_for_replicas(2, timeout=60)
             report = pub.publish(1, iter(weights(1)))  # replica-b freezes after bucket 1
             assert report.error is not None and "replica-b" in report.failed, report
-            assert report.seconds < 2 * cfg.transfer_timeout_s + 2.0, report  # one deadline + ack grace
+            # The frozen replica still holds its connections: the transfer fails on the
+            # deadline, once (nothing else failed it first).
+            assert report.error.endswith(f"broadcast did not complete within {cfg.transfer_timeout_s:g}s"), report
             # Still frozen and still subscribed, yet it is not waited for again: it never
             # acknowledged the failed transfer, so it is not ready.
             assert b.proc.poll() is None
             for v in (2, 3):
                 report = pub.publish(v, iter(weights(v)))
-                assert report.delivered == ["replica-a"] and report.error is None, report
-                assert report.seconds < cfg.transfer_timeout_s
+                # not a member of these epochs: had it been waited for, frozen, the transfer
+                # would have failed on the deadline with it in `failed`
+                assert report.delivered == ["replica-a"] and report.failed == [] and report.error is None, report
             assert a.wait_event(lambda e: e.get("event") == "update" and e["version"] == 3)["digest"] == digests(3)
         finally:
             a.stop()

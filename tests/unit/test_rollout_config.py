@@ -123,12 +123,16 @@ def test_rate_tracker_window_and_idle() -> None:
     assert r.rate(now=100.0) == 0.0  # idle longer than the window
 
 
-def test_stream_id_age() -> None:
-    import time
+def test_stream_id_age(monkeypatch) -> None:
+    from types import SimpleNamespace
 
+    from rollout_svc import replica
     from rollout_svc.replica import _stream_id_age_s
 
-    assert _stream_id_age_s(f"{int(time.time() * 1000) - 2000}-0") == pytest.approx(2.0, abs=0.5)
+    monkeypatch.setattr(replica, "time", SimpleNamespace(time=lambda: 1_000_000.0))  # the clock, fixed
+    assert _stream_id_age_s("999998000-0") == 2.0  # "<ms>-<seq>": made 2000 ms before now
+    assert _stream_id_age_s("999998500-17") == 1.5
+    assert _stream_id_age_s("1000005000-0") == 0.0  # from a clock ahead of this one: not negative
     assert _stream_id_age_s("abc") is None and _stream_id_age_s("12-x") is None
 
 
