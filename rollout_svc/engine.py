@@ -19,9 +19,10 @@ of a candidate is then made by that version alone, so a rejected version's sampl
 exactly the ones that carry its number.
 
 Weights from the weight channel are received inside the vLLM worker process and streamed
-into the model bucket by bucket (:mod:`rollout_svc.weight_stream`); this class pauses and
-resumes the scheduler around each load and keeps the served version. A load that failed
-after some tensors reached the model leaves ``weights_dirty`` set: the scheduler stays
+into the model bucket by bucket (:mod:`rollout_svc.weight_stream`); ``engine.weights``
+(:class:`~rollout_svc.engine_weights.EngineWeights`) pauses and resumes the scheduler around
+each load and drives the worker's channel; this class keeps the served version. A load that
+failed after some tensors reached the model leaves ``weights_dirty`` set: the scheduler stays
 paused (nothing is served) until a complete version is loaded.
 """
 
@@ -31,18 +32,16 @@ import asyncio
 import itertools
 import logging
 import os
-import tempfile
-import time
 import uuid
 import zlib
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from rollout_svc.engine_weights import EngineWeights
 from rollout_svc.packing import Sample
-from rollout_svc.weight_check import WeightManifest, WeightUpdateError, write_checked_file
+from rollout_svc.weight_check import WeightManifest
 from services.config.rollout import RolloutConfig, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -101,6 +100,8 @@ class RolloutEngine:
         self.last_update_in_flight = 0  # requests in flight when the last update paused the engine
         self.weights_dirty = False  # a failed load left mixed weights: paused until a good one loads
         self.last_load: dict = {}  # the worker's report of the last load (bytes, seconds, error)
+        self.weights = EngineWeights(self)
+        """Weight swaps and the worker's weight channel (rollout_svc/engine_weights.py)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -324,197 +325,19 @@ class RolloutEngine:
                 return samples
             log.info("group %s aborted by a weight update; regenerating", sample_ids[0])
 
-    # -- weights -----------------------------------------------------------------------------
+    # -- weights (see rollout_svc/engine_weights.py) -------------------------------------------
 
     async def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, rollback: bool = False
     ) -> float:
-        """Load a full set of checkpoint-format tensors held by this process as ``version``
-        (local loads: tests, an operator's checkpoint); returns seconds spent.
-
-        The whole set is checked before the engine is touched; on any error
-        (:class:`WeightUpdateError`) the engine keeps serving the old weights and version.
-        ``version`` must be newer than the served one unless ``rollback``. The weight
-        channel does not come here: it streams into the worker (``load_from_channel``).
-        """
-        self._check_version(version, rollback)
-        t0 = time.perf_counter()
-        fd, path = tempfile.mkstemp(prefix=f"meshrl-weights-v{version}-", suffix=".safetensors")
-        os.close(fd)
-        try:
-            await asyncio.to_thread(write_checked_file, named_tensors, path, self.manifest, self.dtype)
-
-            async def load() -> dict:
-                [res] = (await self.llm.collective_rpc("meshrl_load_safetensors", timeout=self.cfg.weight_update_timeout_s,
-                                                       args=(path,)))[:1]
-                return {"ok": True, **res}
-
-            res = await self._swap(load, version)
-        finally:
-            Path(path).unlink(missing_ok=True)
-        if not res.get("ok"):
-            raise WeightUpdateError(f"loading v{version} failed: {res.get('error')}")
-        self.last_weight_load_s = time.perf_counter() - t0
-        return self.last_weight_load_s
-
-    def _check_version(self, version: int, rollback: bool) -> None:
-        if version <= self.version and not rollback:
-            raise WeightUpdateError(f"version {version} is not newer than the served version {self.version}")
+        """Load a full set of checkpoint-format tensors held by this process as ``version``;
+        returns seconds spent (:meth:`EngineWeights.update_weights`)."""
+        return await self.weights.update_weights(named_tensors, version, rollback=rollback)
 
     async def _swap(self, load, version: int | None, on_loaded=None, abort: bool = False) -> dict:
-        """Pause the scheduler, run ``load()`` (a worker RPC returning the worker's report;
-        ``version`` None: the report names it),
-        then resume -- unless the load failed after touching the model (``weights_dirty``):
-        then stay paused until a later ``_swap`` succeeds. ``abort``: abort the requests in
-        flight (they are regenerated) whatever ``on_weight_update`` says."""
-        async with self._update_lock:
-            deadline = self.cfg.weight_update_timeout_s
-            mode = "keep" if self.cfg.on_weight_update == "finish" and not abort else "abort"
-            clock = time.perf_counter()
-            timing: dict[str, float] = {}
-
-            def lap(key: str) -> None:
-                nonlocal clock
-                now = time.perf_counter()
-                timing[key] = now - clock
-                clock = now
-
-            if not self.weights_dirty:  # a dirty engine is paused already
-                if mode == "abort":
-                    self._abort_epoch += 1
-                self.last_update_in_flight = self.in_flight
-                await asyncio.wait_for(self.llm.pause_generation(mode=mode, clear_cache=(mode == "abort")), deadline)
-            lap("pause_s")
-            try:
-                res = await load()
-            except Exception as exc:  # the RPC itself failed (timeout, worker error): assume the worst
-                res = {"ok": False, "touched": True, "refused": False, "error": f"{type(exc).__name__}: {exc}"}
-            if res is None:
-                res = {"ok": False, "touched": False, "refused": False, "error": None, "none": True}
-            lap("load_rpc_s")
-            res["timing"] = {**timing, **(res.get("timing") or {})}
-            self.last_load = res
-            if res.get("ok"):
-                self.version = res["version"] if version is None else version
-                self.weights_dirty = False
-                if on_loaded is not None:  # e.g. the version's session, set together with it
-                    on_loaded(res)
-            elif res.get("touched"):
-                if not self.weights_dirty:
-                    log.error("a failed load of v%d left mixed weights (%s): not serving until a complete "
-                              "version is loaded", version, res.get("error"))
-                self.weights_dirty = True
-            if not self.weights_dirty:
-                if mode == "keep" and res.get("ok"):
-                    # Frozen requests hold KV blocks, so a plain reset would fail and new
-                    # prompts could reuse KV computed by the old weights. Preempting them
-                    # frees every block (the reset then succeeds); they resume by
-                    # recomputing their prompt + tokens so far with the new weights.
-                    try:
-                        ok = await asyncio.wait_for(self.llm.reset_prefix_cache(reset_running_requests=True), deadline)
-                    except Exception as exc:  # noqa: BLE001 - never leave the engine paused over it
-                        log.warning("prefix cache reset after loading v%s raised %s: %s", self.version,
-                                    type(exc).__name__, exc)
-                        ok = False
-                    if not ok:
-                        self.prefix_reset_failures += 1
-                        log.warning("prefix cache reset failed after loading v%s", self.version)
-                lap("reset_s")
-                await asyncio.wait_for(self.llm.resume_generation(), deadline)
-                lap("resume_s")
-                res["timing"].update(timing)
-                log.info("serving v%s (%s)", self.version, "loaded" if res.get("ok") else "load refused, unchanged")
-            return res
-
-    # -- the weight channel, received inside the worker --------------------------------------
-
-    async def _rpc(self, method: str, *args, timeout: float | None = None) -> list:
-        return await self.llm.collective_rpc(method, timeout=timeout or self.cfg.weight_update_timeout_s, args=args)
-
-    async def open_weight_channel(self, cfg, replica_id: str, served_session: int, notify_addr: str | None,
-                                  promoted_only: bool = False) -> dict:
-        """Subscribe every worker to the publisher ``cfg`` (a WeightChannelConfig) describes
-        (``promoted_only``: never as a canary)."""
-        manifest = self.manifest.to_json() if self.manifest is not None else None
-        states = await self._rpc("meshrl_weights_open", cfg.model_dump_json(), replica_id, self.version,
-                                 served_session, manifest, notify_addr, promoted_only,
-                                 timeout=cfg.connect_timeout_s + self.cfg.weight_update_timeout_s)
-        return states[0]
-
-    async def weight_channel_state(self) -> dict:
-        """Worker 0's channel state; a fatal error of any worker wins."""
-        states = await self._rpc("meshrl_weights_state")
-        return next((s for s in states if s.get("fatal")), states[0])
-
-    async def load_from_channel(self, version: int, *, rollback: bool = False, on_loaded=None,
-                                abort: bool = False) -> dict:
-        """Stream the pending channel ``version`` into the model (paused meanwhile).
-        Returns the worker's report (``ok``, ``error``, ``refused``, ``touched``, bytes...).
-        ``abort``: see ``_swap`` (a canary's candidate)."""
-        self._check_version(version, rollback)
-
-        async def load() -> dict:
-            return _combine(await self._rpc("meshrl_weights_load", version))
-
-        t0 = time.perf_counter()
-        res = await self._swap(load, version, on_loaded, abort)
-        if res.get("ok"):
-            self.last_weight_load_s = time.perf_counter() - t0
-        return res
-
-    async def skip_channel_update(self, version: int) -> dict:
-        return _combine(await self._rpc("meshrl_weights_skip", version))
-
-    async def load_channel_snapshot(self, min_version: int, timeout_s: float, on_loaded=None,
-                                    abort: bool = False) -> dict | None:
-        """Load the publisher's snapshot if it is at least ``min_version`` (the caller picks
-        it so that any such snapshot supersedes the served weights); None when there is none.
-        The report has the snapshot's ``version`` and ``session``. ``abort``: see ``_swap``."""
-        async def load() -> dict | None:
-            res = await self._rpc("meshrl_weights_load_snapshot", min_version, timeout_s,
-                                  timeout=timeout_s + self.cfg.weight_update_timeout_s)
-            if any(r is None for r in res):
-                return None
-            return _combine(res)
-
-        t0 = time.perf_counter()
-        res = await self._swap(load, None, on_loaded, abort)
-        if res.get("none"):
-            return None
-        if res.get("ok"):
-            self.last_weight_load_s = time.perf_counter() - t0
-        return res
-
-    async def channel_snapshot_version(self) -> int:
-        """Version of the publisher's snapshot (-1 when none)."""
-        return int((await self._rpc("meshrl_weights_snapshot_version"))[0])
-
-    async def report_loaded(self, version: int) -> None:
-        await self._rpc("meshrl_weights_loaded", version)
-
-    async def close_weight_channel(self) -> None:
-        if self.llm is not None and self.healthy:
-            await self._rpc("meshrl_weights_close")
-
-    async def worker_rss(self) -> dict:
-        """Resident memory of worker 0's process (``VmRSS``, ``VmHWM`` in bytes)."""
-        return (await self._rpc("meshrl_rss_bytes"))[0]
+        """Pause, run ``load()``, resume (:meth:`EngineWeights.swap`)."""
+        return await self.weights.swap(load, version, on_loaded, abort)
 
     async def param_digest(self, name: str) -> dict:
         """dtype, shape and sha256 of one parameter inside vLLM (tests: bitwise checks)."""
-        return (await self.llm.collective_rpc("meshrl_param_digest", args=(name,)))[0]
-
-    async def param_checksum(self, name: str) -> float:
-        """Sum of one parameter inside vLLM (diagnostics/tests)."""
-        res = await self.llm.collective_rpc("meshrl_param_checksum", args=(name,))
-        return float(res[0])
-
-
-def _combine(results: list) -> dict:
-    """One report from every worker's: ok when all are; else the first failure."""
-    bad = next((r for r in results if not r.get("ok")), None)
-    if bad is None:
-        return results[0]
-    out = dict(bad)
-    out["touched"] = any(r.get("touched") for r in results)
-    return out
+        return await self.weights.param_digest(name)

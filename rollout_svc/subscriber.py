@@ -95,7 +95,7 @@ async def _loaded(replica: Replica, res: dict) -> None:
     replica.weight_updates += 1
     replica.metrics.weight_load.observe(replica.engine.last_weight_load_s)
     t0 = time.perf_counter()
-    await replica.engine.report_loaded(replica.engine.version)
+    await replica.engine.weights.report_loaded(replica.engine.version)
     timing = dict(res.get("timing") or {}, loaded_rpc_s=time.perf_counter() - t0)
     log.info("replica %s now serves policy version %d (%.1f MB in %.3fs) timing %s", replica.name,
              replica.engine.version, res.get("bytes", 0) / 1e6, replica.engine.last_weight_load_s,
@@ -123,9 +123,9 @@ async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: floa
             min_version = max(target, engine.version)
         else:
             min_version = engine.version + 1
-        snap_v = await engine.channel_snapshot_version()
+        snap_v = await engine.weights.snapshot_version()
         if snap_v >= 0 and snap_v >= min_version and (session, snap_v) not in refused:
-            res = await engine.load_channel_snapshot(min_version, max(1.0, deadline - time.monotonic()),
+            res = await engine.weights.load_snapshot(min_version, max(1.0, deadline - time.monotonic()),
                                                      _set_session(replica, session))
             if res is not None and res.get("ok"):
                 await _loaded(replica, res)
@@ -138,7 +138,7 @@ async def catch_up_from_snapshot(replica: Replica, session: int, timeout_s: floa
         if engine.version >= target or time.monotonic() >= deadline:
             return False  # (a dirty engine without a target tries once: the next version may come)
         await asyncio.sleep(poll_s)
-        if (await engine.weight_channel_state()).get("pending_version") is not None:
+        if (await engine.weights.channel_state()).get("pending_version") is not None:
             return False  # a new version is arriving: load that instead
 
 
@@ -173,7 +173,7 @@ async def serve_target(replica: Replica, st: dict, session: int, timeout_s: floa
         if pending == target and st.get("pending_session") == session and (
                 replica.supersedes(target, session) or engine.weights_dirty):
             return False
-        await engine.skip_channel_update(pending)  # not this replica's version: receive it, keep serving
+        await engine.weights.skip_update(pending)  # not this replica's version: receive it, keep serving
         return True
     if engine.version == target and not replica.other_line(session) and not engine.weights_dirty:
         await notes.wait(poll_s)
@@ -184,7 +184,7 @@ async def serve_target(replica: Replica, st: dict, session: int, timeout_s: floa
     if (wait and expected.waiting((session, target), timeout_s)) or (session, target) in refused:
         await notes.wait(min(poll_s, 1.0))  # the candidate's broadcast is on its way
         return True
-    res = await engine.load_channel_snapshot(target, timeout_s, _set_session(replica, session), abort=canary)
+    res = await engine.weights.load_snapshot(target, timeout_s, _set_session(replica, session), abort=canary)
     if res is not None and res.get("ok"):
         await _loaded(replica, res)
         log.info("replica %s serves v%d (%s, from the snapshot)", replica.name, engine.version,
@@ -228,7 +228,7 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
             # worker says so if another version is pending by then).
             vsession, version = hint
         else:
-            st = await engine.weight_channel_state()
+            st = await engine.weights.channel_state()
             if st.get("fatal"):
                 if st.get("fatal_kind") == "version":
                     log.error("replica %s: %s", replica.name, st["fatal"])
@@ -257,10 +257,10 @@ async def follow_updates(replica: Replica, cfg, notes: _Notes, stop: asyncio.Eve
                     await notes.wait(poll_s)
                     continue
                 if not replica.supersedes(version, vsession) and not engine.weights_dirty:
-                    await engine.skip_channel_update(version)  # receive it, keep serving
+                    await engine.weights.skip_update(version)  # receive it, keep serving
                     continue
         rollback = replica.other_line(vsession) or engine.weights_dirty
-        res = await engine.load_from_channel(version, rollback=rollback, on_loaded=_set_session(replica, vsession),
+        res = await engine.weights.load_from_channel(version, rollback=rollback, on_loaded=_set_session(replica, vsession),
                                              abort=bool(replica.weights_canary))
         if res.get("not_pending"):
             continue  # the note was stale (a newer version began, or it was taken): ask the worker
@@ -285,7 +285,7 @@ async def run_weight_subscriber(replica: Replica, cfg, name: str, stop: asyncio.
     try:
         while not stop.is_set():
             try:
-                await engine.open_weight_channel(cfg, name, replica.weights_session, notes.addr, replica.promoted_only)
+                await engine.weights.open_channel(cfg, name, replica.weights_session, notes.addr, replica.promoted_only)
                 await follow_updates(replica, cfg, notes, stop)
             except Exception as exc:  # noqa: BLE001 -- the channel failed: reconnect (RPC errors included)
                 if not engine.healthy:
@@ -294,7 +294,7 @@ async def run_weight_subscriber(replica: Replica, cfg, name: str, stop: asyncio.
                 await asyncio.sleep(1.0)
             finally:
                 try:
-                    await engine.close_weight_channel()
+                    await engine.weights.close_channel()
                 except Exception:  # noqa: BLE001
                     log.debug("closing the weight channel failed", exc_info=True)
     finally:
