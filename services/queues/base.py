@@ -6,7 +6,8 @@ Two layers:
   each tagged with the ``sample_id`` of every row it carries. Backends implement this.
 * **DataProto** (``put`` / ``get`` / ``reclaim``): encodes with :mod:`services.wire` on put,
   decodes and validates on get (a frame that fails is logged, counted as malformed,
-  acked away, and the consumer keeps going).
+  acked away, and the consumer keeps going). The codec is two functions at the end of this
+  module (``encode_item``, ``decode_entry``).
 
 Delivery is at-least-once: an item stays in the stream until a consumer ``ack``s it (after
 its downstream write), and an item leased longer than ``lease_idle_s`` goes to the next
@@ -237,9 +238,6 @@ class Queue(ABC):
     def _on_disconnect(self) -> None:
         """Hook: a call failed with a transient error (backends may schedule recovery)."""
 
-    def _deadline(self, timeout: float | None, default: float) -> float:
-        return time.monotonic() + (default if timeout is None else max(0.0, timeout))
-
     # ------------------------------------------------------------------ frames API
     async def put_frames(
         self, items: Sequence[RawItem], *, timeout: float | None = None, stage: str | None = None
@@ -256,7 +254,7 @@ class Queue(ABC):
             check_sample_ids(it.sample_ids)
             if len(it.payload) > self.cfg.max_frame_bytes:
                 raise ValueError(f"frame of {len(it.payload)} bytes exceeds max_frame_bytes={self.cfg.max_frame_bytes}")
-        deadline = self._deadline(timeout, self.cfg.put_timeout_s)
+        deadline = time.monotonic() + (self.cfg.put_timeout_s if timeout is None else max(0.0, timeout))
         out: list[str | None] = []
         async with self._put_lock:  # sequence numbers must reach the backend in order
             seqs = list(range(self._next_seq, self._next_seq + len(items)))
@@ -389,14 +387,7 @@ class Queue(ABC):
     ) -> list[str | None]:
         """Encode each DataProto with :mod:`services.wire` and append it (see ``put_frames``).
         Every item needs a ``sample_id`` non-tensor column (str per row, unique)."""
-        from services import wire
-
-        raws = []
-        for i, d in enumerate(items):
-            col = d.non_tensor_batch.get("sample_id") if d.non_tensor_batch is not None else None
-            if col is None:
-                raise ValueError(f"item {i} has no 'sample_id' non-tensor column")
-            raws.append(RawItem(wire.encode(d), check_sample_ids(list(col))))
+        raws = [encode_item(i, d) for i, d in enumerate(items)]
         return await self.put_frames(raws, timeout=timeout, stage=stage)
 
     async def get(self, max_items: int, timeout: float) -> list[Leased]:
@@ -415,7 +406,7 @@ class Queue(ABC):
         out, bad = [], []
         for r in raws:
             try:
-                out.append(self._decode(r))
+                out.append(decode_entry(r, self.cfg.max_frame_bytes))
             except Exception as exc:  # noqa: BLE001 - any failure of a peer's frame must not stop us
                 log.error("queue %s: dropping malformed frame in entry %s: %s", self.stream, r.id, exc)
                 bad.append(r)
@@ -425,14 +416,29 @@ class Queue(ABC):
             await self._retry(lambda: self._ack_once(bad, None), time.monotonic() + self.cfg.op_timeout_s, "ack")
         return out
 
-    def _decode(self, r: RawLeased) -> Leased:
-        from services import wire
 
-        data = wire.decode(r.payload, max_frame_bytes=self.cfg.max_frame_bytes)  # copies read-only bytes once
-        col = data.non_tensor_batch.get("sample_id") if data.non_tensor_batch is not None else None
-        if col is None or list(col) != list(r.sample_ids):
-            raise MalformedEntryError("the frame's sample_id column does not match the entry's sample ids")
-        if all(r.fresh):
-            return Leased(r.id, data, r.sample_ids, r.delivery_count, r)
-        keep = [i for i, f in enumerate(r.fresh) if f]
-        return Leased(r.id, data.select_idxs(keep), tuple(r.sample_ids[i] for i in keep), r.delivery_count, r)
+# ---------------------------------------------------------------------- the DataProto codec
+def encode_item(index: int, d: "DataProto") -> RawItem:
+    """One DataProto as a frame (:mod:`services.wire`), tagged with its ``sample_id`` column
+    (str per row, unique); ``index``: its place in the put, for the error message."""
+    from services import wire
+
+    col = d.non_tensor_batch.get("sample_id") if d.non_tensor_batch is not None else None
+    if col is None:
+        raise ValueError(f"item {index} has no 'sample_id' non-tensor column")
+    return RawItem(wire.encode(d), check_sample_ids(list(col)))
+
+
+def decode_entry(r: RawLeased, max_frame_bytes: int) -> Leased:
+    """A leased frame decoded and checked against its entry's sample ids, its duplicate rows
+    (``fresh`` False) removed; ``MalformedEntryError`` or the codec's error when it is bad."""
+    from services import wire
+
+    data = wire.decode(r.payload, max_frame_bytes=max_frame_bytes)  # copies read-only bytes once
+    col = data.non_tensor_batch.get("sample_id") if data.non_tensor_batch is not None else None
+    if col is None or list(col) != list(r.sample_ids):
+        raise MalformedEntryError("the frame's sample_id column does not match the entry's sample ids")
+    if all(r.fresh):
+        return Leased(r.id, data, r.sample_ids, r.delivery_count, r)
+    keep = [i for i, f in enumerate(r.fresh) if f]
+    return Leased(r.id, data.select_idxs(keep), tuple(r.sample_ids[i] for i in keep), r.delivery_count, r)
