@@ -297,7 +297,7 @@ class AsyncConfig(StrictModel):
         return self
 
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # fullmatch: "$" would let a trailing newline through
 
 
 class JobSpec(StrictModel):
@@ -323,7 +323,7 @@ class JobSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not _NAME_RE.fullmatch(v):
             raise ValueError("must be lowercase letters, digits and '-', start alphanumeric, at most 63 characters")
         return v
 
