@@ -23,14 +23,11 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from rollout_svc.weight_check import WeightUpdateError, write_checked_file
-
-if TYPE_CHECKING:
-    from rollout_svc.engine import RolloutEngine
 
 log = logging.getLogger("rollout_svc.engine")
 
@@ -38,8 +35,9 @@ log = logging.getLogger("rollout_svc.engine")
 class EngineWeights:
     """Weight swaps of one engine and its worker's weight channel (module docstring)."""
 
-    def __init__(self, engine: "RolloutEngine") -> None:
+    def __init__(self, engine: Any) -> None:
         self.engine = engine
+        """The :class:`~rollout_svc.engine.RolloutEngine` (not imported: it imports this module)."""
 
     @property
     def cfg(self):
