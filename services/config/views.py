@@ -35,7 +35,7 @@ from services.config.queues import QueueConfig
 from services.config.reward import RewardConfig
 from services.config.rollout import RolloutConfig
 from services.config.trainer import ActorConfig, AlgorithmConfig, CriticConfig, RefConfig, TrainerConfig
-from services.config.weights import WeightChannelConfig
+from services.config.weights import RolloutGateConfig, WeightChannelConfig
 
 # ---------------------------------------------------------------------------------------------------------------
 # Small blocks: the part of a job block one service reads (same key names as the job's)
@@ -144,6 +144,13 @@ class TrainerView(StrictModel):
         if self.model.dtype == "float16":
             raise ValueError("model.dtype: float16 cannot be trained (no loss scaling); use bfloat16 or float32")
         return self
+
+    @property
+    def canary_groups(self) -> int:
+        """Canary mode: the prompt groups that hold a candidate's ``promote_after_samples``
+        (:func:`canary_groups`)."""
+        assert self.weights is not None
+        return canary_groups(self.weights.rollout, self.data.train_batch_size, self.rollout.n)
 
     @property
     def use_critic(self) -> bool:
@@ -257,6 +264,64 @@ V = TypeVar("V", TrainerView, RolloutView, RewardView, FeederView)
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The canary gate's sizes, resolved once here (docs/weights.md, "How the canary sizes itself")
+
+CANARY_GATE_VERSIONS = 2
+"""Versions of staleness budget the canary gate takes beside the queue's: the promoted
+replicas serve a version about two behind the trainer (a candidate is published, the canary
+makes its samples, the next step judges them)."""
+
+CANARY_JUDGE_GROUPS = 4
+"""Groups of a candidate's samples judged by default: the lag-0 log-prob check needs few
+(a faithful canary's gap is 0.0000, a bad version's several nats)."""
+
+
+def canary_groups(gate: RolloutGateConfig, train_batch_size: int, n: int) -> int:
+    """The prompt groups that hold a candidate's ``promote_after_samples`` (rounded up): what
+    a canary keeps in reserve for the next candidate (``rollout.canary_reserve_groups``) and
+    what the trainer's park limit leaves room for. Computed here only."""
+    return -(-gate.samples_to_decide(train_batch_size * n) // n)
+
+
+@dataclass(frozen=True)
+class CanarySizing:
+    """What canary mode runs with: the trainer's staleness budget (its view's
+    ``async.max_staleness``), the feeder's admission window (``async.max_in_flight``, for
+    the trainer's park limit too) and ``promote_after_samples``."""
+
+    max_staleness: int
+    max_in_flight: int
+    promote_after_samples: int
+
+
+def size_canary(job: JobSpec) -> CanarySizing | None:
+    """The canary gate's sizes for ``job`` (None in mode ``all``); a value the user set wins.
+
+    * window: ``async.max_in_flight``, by default ``(async.max_staleness + 1)`` batches --
+      what the user's ``max_staleness`` gives, not the enlarged budget (a deeper window only
+      makes the queued samples older);
+    * budget: ``weights.rollout.staleness_budget``, by default the queue's share plus
+      :data:`CANARY_GATE_VERSIONS`. The queue's share is ``max(async.max_staleness,
+      ceil(window / train_batch_size))``: on a trainer-bound job a prompt admitted at the
+      back of a full window is trained that many versions later. At the quick start's
+      settings (``max_staleness: 1``, 32 prompts) that is 2 + 2 = 4 with a window of 64
+      prompts: the settings measured at 0.93-0.98 of mode ``all``'s throughput;
+    * ``promote_after_samples``: as set, by default :data:`CANARY_JUDGE_GROUPS` groups'
+      samples, at most a batch's.
+    """
+    gate = job.weights.rollout
+    if gate.mode != "canary":
+        return None
+    batch, n = job.data.train_batch_size, job.rollout.n
+    window = job.async_.max_in_flight_for(batch)
+    budget = gate.staleness_budget
+    if budget is None:
+        budget = max(job.async_.max_staleness, -(-window // batch)) + CANARY_GATE_VERSIONS
+    promote = gate.promote_after_samples or min(CANARY_JUDGE_GROUPS * n, batch * n)
+    return CanarySizing(max_staleness=budget, max_in_flight=window, promote_after_samples=promote)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Which job key goes where: the one table
 
 
@@ -364,11 +429,16 @@ def derive_view(job: JobSpec, service: str) -> StrictModel:
         port = job.services.trainer.metrics_port
         view["trainer_metrics_url"] = f"http://{job.services.host}:{port}/metrics" if port else None
         view["feed_each_step"] = job.weights.rollout.mode == "canary"
-    if service == "rollout" and job.weights.rollout.mode == "canary":
+    sized = size_canary(job)
+    if sized is not None and service in ("trainer", "rollout"):
+        view["weights"]["rollout"]["promote_after_samples"] = sized.promote_after_samples
+    if sized is not None and service == "trainer":
+        # the trainer's staleness budget has the gate's share; its window (the park limit's) is the feeder's
+        view["async"].update(max_staleness=sized.max_staleness, max_in_flight=sized.max_in_flight)
+    if sized is not None and service == "rollout":
         # a canary has a candidate's groups ready when it loads it (rollout_svc.replica)
-        batch_samples = job.data.train_batch_size * job.rollout.n
-        view["rollout"]["canary_reserve_groups"] = -(-job.weights.rollout.samples_to_decide(batch_samples)
-                                                     // job.rollout.n)
+        gate = RolloutGateConfig.model_validate(view["weights"]["rollout"])
+        view["rollout"]["canary_reserve_groups"] = canary_groups(gate, job.data.train_batch_size, job.rollout.n)
     return VIEW_CLASSES[service].model_validate(view)
 
 
