@@ -12,6 +12,7 @@ path (no query string), status, milliseconds.
 """
 
 import logging
+import os
 import time
 from pathlib import Path as FilePath
 from typing import Any
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from gateway_svc.jobs import JobManager
+from gateway_svc.redact import redact_text
 from gateway_svc.routes import dashboard, docs, job_output, jobs, probes
 
 access_log = logging.getLogger("meshrl.gateway.access")
@@ -35,13 +37,17 @@ class AccessLogFile:
         import threading
 
         self._lock = threading.Lock()
-        self._f = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (lives as long as the gateway)
+        self._f = None
+        if path:  # 0600 whatever the umask: it names every job and client address
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.fchmod(fd, 0o600)
+            self._f = os.fdopen(fd, "a", buffering=1)  # noqa: SIM115 (lives as long as the gateway)
 
     def __call__(self, line: str) -> None:
-        access_log.info(line)
+        access_log.info(redact_text(line))
         if self._f is not None:
             with self._lock:
-                self._f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {line}\n")
+                self._f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {redact_text(line)}\n")
 
     def close(self) -> None:
         if self._f is not None:

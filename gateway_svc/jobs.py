@@ -20,6 +20,8 @@ job finishes or is cancelled. Every step of a job's life is an event in the stor
 from __future__ import annotations
 
 import logging
+import os
+import re
 import secrets
 import threading
 from collections.abc import Iterator, Sequence
@@ -30,12 +32,14 @@ import yaml
 
 from gateway_svc import logs as joblogs
 from gateway_svc import redact
-from gateway_svc.paths import path_problems
+from gateway_svc.policy import OperatorPolicy, policy_problems
 from gateway_svc.spec_validation import SpecRejected, validate_spec
 from gateway_svc.store import JobRow, JobStore
 from gateway_svc.launchers.base import JobState, LaunchError, Launcher
 
 log = logging.getLogger(__name__)
+#: A job name, all of it (``re.fullmatch``: ``$`` would let a trailing newline through).
+JOB_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _FINISHED = {s.value for s in JobState if s.finished}
 _BUSY = (JobState.RUNNING.value, JobState.PAUSED.value)  # jobs holding a slot of max_running_jobs
 
@@ -79,13 +83,20 @@ class JobManager:
         poll_interval: float = 2.0,
         cancel_timeout: float = 30.0,
         max_running_jobs: int | None = None,
+        policy: OperatorPolicy | None = None,
+        excluded_inputs: Sequence[Path] = (),
     ) -> None:
+        """``policy``: what submitted jobs may do beyond the defaults (the operator's flags;
+        None = nothing more, inputs from anywhere: for embedding, not for a served gateway);
+        ``excluded_inputs``: no input may come from these (the gateway's own files)."""
         if max_running_jobs is not None and max_running_jobs < 1:
             raise ValueError("max_running_jobs: at least 1 (or None for no limit)")
         self.max_running_jobs = max_running_jobs
         self.store = store
         self.launcher = launcher
         self.runs_dir = Path(runs_dir)
+        self.policy = policy if policy is not None else OperatorPolicy(input_roots=(Path("/"),))
+        self.excluded_inputs = [self.runs_dir, *excluded_inputs]
         self.poll_interval = poll_interval
         self.cancel_timeout = cancel_timeout
         self._lock = threading.RLock()
@@ -151,7 +162,10 @@ class JobManager:
         :class:`~gateway_svc.logs.UnknownLog` before yielding anything."""
         row = self.get(job_id)
         path = joblogs.log_path(self.run_dir(row), service)
-        head, offset = joblogs.tail_bytes(path, tail)
+        try:
+            head, offset = joblogs.tail_bytes(path, tail)
+        except OSError as exc:  # ELOOP: a symlink where a log was
+            raise joblogs.UnknownLog(f"service: the log of {service!r} cannot be read ({exc.strerror})") from None
 
         def finished() -> bool:
             try:
@@ -159,11 +173,12 @@ class JobManager:
             except JobNotFound:
                 return True
 
-        def gen() -> Iterator[bytes]:
+        def gen() -> Iterator[bytes]:  # every chunk with its secrets hidden (gateway_svc/redact.py)
             if head:
-                yield head
+                yield _redact_bytes(head)
             if follow:
-                yield from joblogs.follow(path, offset, finished, max_seconds)
+                for chunk in joblogs.follow(path, offset, finished, max_seconds):
+                    yield _redact_bytes(chunk) if chunk else chunk
 
         return gen()
 
@@ -172,10 +187,15 @@ class JobManager:
     def submit(self, spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> JobRow:
         """Validate (raises :class:`~gateway_svc.spec_validation.SpecRejected`), store, launch."""
         valid = validate_spec(spec, overrides)
-        problems = path_problems(yaml.safe_load(valid.resolved_yaml))
+        if not JOB_NAME.fullmatch(valid.name):
+            raise SpecRejected(f"name: {valid.name!r} is not a job name (lowercase letters, digits and '-', "
+                               "at most 63 characters)")
+        job_id = f"{valid.name}-{secrets.token_hex(4)}"
+        # what the operator allows (capabilities, input roots) and outputs inside the run dir
+        problems = policy_problems(yaml.safe_load(valid.resolved_yaml), self.policy, self.runs_dir / job_id,
+                                   excluded=self.excluded_inputs)
         if problems:
             raise SpecRejected("invalid job spec:\n" + "\n".join(f"  {p}" for p in problems))
-        job_id = f"{valid.name}-{secrets.token_hex(4)}"
         # Secrets (queues.password, a URL's password) are stored and shown as "***"; the real
         # values wait in the job's run dir (0600) for its launch (gateway_svc/redact.py).
         shown, hidden = redact.redact_spec(yaml.safe_load(valid.resolved_yaml))
@@ -256,6 +276,8 @@ class JobManager:
             self.store.update(job_id, state=JobState.CANCELLED.value, detail="cancelled by request")
             self.store.add_event(job_id, "cancelled", "by request" if row.handle else "by request, before it started")
             self.store.add_event(job_id, "finished", "cancelled")
+        # its secrets go at once: the file waiting for a launch, and (once stopped) the run dir's copies
+        (self.runs_dir / job_id / redact.SECRETS_FILE).unlink(missing_ok=True)
         if row.handle:
             threading.Thread(
                 target=self._cancel_quietly, args=(row.handle,), name=f"cancel-{job_id}", daemon=True
@@ -270,6 +292,10 @@ class JobManager:
             self.launcher.cancel(handle, timeout=self.cancel_timeout)
         except Exception:
             log.exception("cancel failed")
+            return
+        run_dir = handle.get("run_dir")
+        if run_dir:
+            scrub_run_dir(Path(run_dir))
 
     def _control(self, row: JobRow, action: Any) -> None:
         try:
@@ -327,6 +353,30 @@ class JobManager:
                     self.store.add_event(row.id, "finished", f"{state}: {status.detail}"[:2000])
                 current = self.store.get(row.id) or current
             return current
+
+
+def _redact_bytes(chunk: bytes) -> bytes:
+    text = chunk.decode("utf-8", "surrogateescape")
+    shown = redact.redact_text(text)
+    return chunk if shown == text else shown.encode("utf-8", "surrogateescape")
+
+
+def scrub_run_dir(run_dir: Path) -> None:
+    """A stopped job's run dir without its secrets: secrets.json removed, the spec and the
+    services' views it left rewritten with every secret as ``***``."""
+    (run_dir / redact.SECRETS_FILE).unlink(missing_ok=True)
+    for path in [run_dir / "spec.yaml", *sorted((run_dir / "views").glob("*.yaml"))]:
+        try:
+            if path.is_symlink() or not path.is_file():
+                continue
+            data = yaml.safe_load(path.read_text())
+            shown, found = redact.redact_spec(data)
+            if found:
+                fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    yaml.safe_dump(shown, fh, sort_keys=False)
+        except (OSError, yaml.YAMLError) as exc:
+            log.warning("could not scrub %s: %s", path, exc)
 
 
 def _step(progress: dict[str, Any]) -> int:

@@ -2,8 +2,9 @@
 
 A job's run dir holds ``job.log`` (the job driver, `meshrl run`) and ``logs/<service>.log``
 (one per service: ``trainer``, ``reward-0``, ``rollout-0``, ...). The service ``job`` names
-the driver's log. Only names found in the run dir are accepted, so no request can reach a
-file outside it.
+the driver's log. Only names found in the run dir are accepted, and a log is only ever a
+regular file of the run dir: a symlink (``logs/x.log -> /etc/shadow``) is no log, and a
+file is opened with ``O_NOFOLLOW``, so no request can reach a file outside it.
 
     log_services(run_dir)                    -> ["job", "reward-0", "rollout-0", "trainer"]
     tail_text(path, lines=200)               -> the last 200 lines (at most MAX_TAIL_BYTES)
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 MAX_TAIL_LINES = 10_000
 MAX_TAIL_BYTES = 4 << 20
@@ -27,13 +30,37 @@ class UnknownLog(LookupError):
     """No such service log in the job's run dir (the message lists the ones there are)."""
 
 
+def _regular(path: Path) -> bool:
+    """A regular file itself, not a symlink (to anything)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def log_services(run_dir: Path) -> list[str]:
-    """Services with a log in ``run_dir``: ``job`` (the driver) first, then ``logs/*.log`` sorted."""
-    out = ["job"] if (run_dir / "job.log").is_file() else []
+    """Services with a log in ``run_dir``: ``job`` (the driver) first, then ``logs/*.log`` sorted.
+    Symlinks are not logs (one could point anywhere), nor is a ``logs`` dir that is one."""
+    out = ["job"] if _regular(run_dir / "job.log") else []
     logs = run_dir / "logs"
-    if logs.is_dir():
-        out += sorted(p.stem for p in logs.glob("*.log") if p.is_file() and _NAME.match(p.stem) and p.stem != "job")
+    if logs.is_dir() and not logs.is_symlink():
+        out += sorted(p.stem for p in logs.glob("*.log")
+                      if _regular(p) and _NAME.fullmatch(p.stem) and p.stem != "job")  # fmt: skip
     return out
+
+
+def open_log(path: Path) -> BinaryIO:
+    """Open a log for reading without following a symlink anywhere on the way out of its
+    run dir: the last component with ``O_NOFOLLOW``, the rest checked by resolving it."""
+    real_dir = Path(os.path.realpath(path.parent))
+    expect = Path(os.path.realpath(path.parent.parent if path.parent.name == "logs" else path.parent))
+    if path.parent.name == "logs" and (path.parent.is_symlink() or real_dir != expect / "logs"):
+        raise UnknownLog("service: the job's logs dir is not a directory of its run dir")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnknownLog("service: not a regular file")
+    return os.fdopen(fd, "rb")
 
 
 def log_path(run_dir: Path, service: str) -> Path:
@@ -47,7 +74,7 @@ def log_path(run_dir: Path, service: str) -> Path:
 
 def tail_bytes(path: Path, lines: int) -> tuple[bytes, int]:
     """The last ``lines`` lines of ``path`` (bounded by MAX_TAIL_BYTES) and the file size read up to."""
-    with open(path, "rb") as f:
+    with open_log(path) as f:
         f.seek(0, os.SEEK_END)
         end = f.tell()
         if lines <= 0:
@@ -75,15 +102,17 @@ def follow(path: Path, offset: int, finished: Callable[[], bool], max_seconds: f
     done = False
     while True:
         try:
-            with open(path, "rb") as f:
+            with open_log(path) as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
                 if size < offset:  # truncated or replaced: start over
                     offset = 0
                 f.seek(offset)
                 chunk = f.read(MAX_TAIL_BYTES)
-        except FileNotFoundError:
+        except (FileNotFoundError, UnknownLog):
             chunk = b""
+        except OSError:  # ELOOP: the log was replaced by a symlink
+            return
         if chunk:
             offset += len(chunk)
             yield chunk
@@ -98,4 +127,4 @@ def follow(path: Path, offset: int, finished: Callable[[], bool], max_seconds: f
             yield b""
 
 
-__all__ = ["MAX_TAIL_LINES", "UnknownLog", "follow", "log_path", "log_services", "tail_bytes"]
+__all__ = ["MAX_TAIL_LINES", "UnknownLog", "follow", "log_path", "log_services", "open_log", "tail_bytes"]

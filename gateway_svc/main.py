@@ -36,6 +36,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="jobs running (or paused) at once; later submits wait in a FIFO queue; 0 = no limit "
                         "(env MESHRL_GATEWAY_MAX_RUNNING_JOBS, default 1: a local job takes the whole machine)")
     p.add_argument("--access-log", default=None, help="access log file (default RUNS_DIR/gateway-access.log)")
+    p.add_argument("--allow", action="append", default=[], metavar="WHAT[,WHAT]",
+                   help="what submitted jobs may do beyond the defaults (repeatable, comma-separated): "
+                        "trust_remote_code (run a checkpoint's own code), network (network for user code), "
+                        "unsandboxed_tools (tools with sandbox: false), bind_any (listen on other addresses than "
+                        "loopback), weak_sandbox (user code in the weaker process sandbox where bubblewrap cannot "
+                        "run). Default: none of them (docs/security.md)")
+    p.add_argument("--input-root", action="append", default=None, metavar="DIR",
+                   help="a directory jobs may read inputs from (model, data, reward function, ...); repeatable; "
+                        "default /models and /data (env MESHRL_GATEWAY_INPUT_ROOTS, ':'-separated)")
 
 
 def check_port_free(flag: str, host: str, port: int) -> None:
@@ -73,6 +82,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.deployment_config:
         os.environ["MESHRL_DEPLOYMENT_CONFIG"] = args.deployment_config
+    roots = args.input_root or [r for r in os.environ.get("MESHRL_GATEWAY_INPUT_ROOTS", "").split(os.pathsep) if r]
+    from gateway_svc.policy import OperatorPolicy
+
+    try:
+        OperatorPolicy.make(args.allow)
+    except ValueError as exc:
+        print(f"meshrl gateway: {exc}", file=sys.stderr)
+        return 2
+    os.umask(0o077)  # the database, logs, run dirs and everything the jobs write: this user's only
     try:
         settings = GatewaySettings(
             token=token, host=args.host, port=args.port,
@@ -80,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
             runs_dir=Path(args.runs_dir), launcher=args.launcher, poll_interval=args.poll_interval,
             max_running_jobs=args.max_running_jobs or None,
             access_log=Path(args.access_log) if args.access_log else None,
+            allow=list(args.allow), input_roots=[Path(r) for r in roots] if roots else None,
+            token_file=Path(args.token_file) if args.token_file else None,
         )  # fmt: skip
     except ValidationError as exc:
         # Field and problem only: pydantic's own text would echo the input, and one input is the token.

@@ -10,10 +10,13 @@ blocks in :meth:`Gateway.serve_forever`.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.sandbox.confine import WEAK_ENV
 
 from gateway_svc.launchers.base import Launcher
 from gateway_svc.launchers.registry import make_launcher
@@ -41,6 +44,19 @@ class GatewaySettings(BaseModel):
         None, ge=1, le=10_000, description="jobs running (or paused) at once; more wait pending, FIFO. None = no limit"
     )
     access_log: Path | None = Field(None, description="append the access log here; default RUNS_DIR/gateway-access.log")
+    allow: list[str] = Field(
+        default_factory=list,
+        description="what submitted jobs may do beyond the defaults: trust_remote_code, network, unsandboxed_tools, "
+        "bind_any, weak_sandbox (docs/security.md)",
+    )
+    input_roots: list[Path] | None = Field(
+        None, description="directories a job's inputs may come from; None = /models and /data (docs/security.md)"
+    )
+    token_file: Path | None = Field(None, description="where the token was read from (no job may name it)")
+
+
+#: Input roots of a gateway that names none (the compose deployment's model and data volumes).
+DEFAULT_INPUT_ROOTS = (Path("/models"), Path("/data"))
 
 
 class Gateway:
@@ -53,15 +69,27 @@ class Gateway:
         from gateway_svc.jobs import JobManager
         from gateway_svc.store import open_store
 
+        from gateway_svc.policy import OperatorPolicy
+
         self.settings = settings
+        self.policy = OperatorPolicy.make(settings.allow, settings.input_roots if settings.input_roots is not None
+                                          else DEFAULT_INPUT_ROOTS)
         runs = settings.runs_dir.resolve()
-        runs.mkdir(parents=True, exist_ok=True)
+        runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(runs, 0o700)  # every job's spec, credential and checkpoints; the database
         self.store = open_store(settings.db_url or f"sqlite:///{runs / 'gateway.db'}")
         self.launcher = launcher or make_launcher(settings.launcher)
+        if "weak_sandbox" in self.policy.allow:  # the jobs' services inherit it (services/sandbox/confine.py)
+            os.environ[WEAK_ENV] = "1"
+            if hasattr(self.launcher, "env"):
+                self.launcher.env[WEAK_ENV] = "1"
+        excluded = [p for p in (settings.token_file, settings.access_log) if p is not None]
+        if settings.db_url and settings.db_url.startswith("sqlite:///"):
+            excluded.append(Path(settings.db_url[len("sqlite:///"):]))
         self.manager = JobManager(
             self.store, self.launcher, runs,
             poll_interval=settings.poll_interval, cancel_timeout=settings.cancel_timeout,
-            max_running_jobs=settings.max_running_jobs,
+            max_running_jobs=settings.max_running_jobs, policy=self.policy, excluded_inputs=excluded,
         )  # fmt: skip
         from gateway_svc.app import AccessLogFile
 

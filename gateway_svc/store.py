@@ -15,6 +15,7 @@ thread pool) and makes a restarted database server harmless.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+from gateway_svc.redact import redact_text
 
 #: Ordered schema steps; index + 1 is the version each one brings the database to.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -121,7 +124,11 @@ class JobStore:
                 raise StoreError(f"{url!r}: give a file, e.g. sqlite:///jobs.db (in-memory databases are not shared)")
             self.kind = "sqlite"
             self._path = Path(path)
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # the database holds every job's spec: the gateway's user only, whatever the umask
+            # (SQLite gives its journal and WAL files the database file's mode)
+            os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
+            os.chmod(self._path, 0o600)
         elif parsed.scheme in ("postgresql", "postgres", "postgresql+psycopg"):
             self.kind = "postgresql"
             self._dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
@@ -220,6 +227,8 @@ class JobStore:
         if unknown:
             raise KeyError(f"unknown job columns {sorted(unknown)}")
         changes.setdefault("updated_at", time.time())
+        if isinstance(changes.get("detail"), str):
+            changes["detail"] = redact_text(changes["detail"])
         values = [json.dumps(v) if k in _JSON_FIELDS else v for k, v in changes.items()]
         sets = ", ".join(f"{k} = ?" for k in changes)
         with self._conn() as conn:
@@ -251,7 +260,7 @@ class JobStore:
             self._exec(
                 conn,
                 "INSERT INTO job_events (job_id, ts, kind, detail) VALUES (?, ?, ?, ?)",
-                (job_id, time.time() if ts is None else ts, kind, detail),
+                (job_id, time.time() if ts is None else ts, kind, redact_text(detail)),
             )
 
     def events(self, job_id: str, *, since: float = 0.0, limit: int = 1000) -> list[dict[str, Any]]:

@@ -204,17 +204,20 @@ class LocalLauncher(Launcher):
 
     def start(self, job_id: str, spec_yaml: str, run_dir: Path) -> dict[str, Any]:
         run_dir = Path(run_dir).resolve()
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(run_dir, 0o700)  # the job's credential, spec and checkpoints: its user only
         spec_path = run_dir / SPEC_FILE
         write_private(spec_path, spec_yaml)  # 0600: it may carry the queue's password
         (run_dir / STATUS_FILE).unlink(missing_ok=True)
         argv = [*self.command, str(spec_path), "--run-dir", str(run_dir)]
         env = {**os.environ, **self.env, "MESHRL_JOB_ID": job_id}
         try:
-            with open(run_dir / LOG_FILE, "ab") as log:
+            log_fd = os.open(run_dir / LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(log_fd, "ab") as log:
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     cwd=run_dir, env=env, start_new_session=True,
+                    umask=0o077,  # everything the job writes (checkpoints, broker.aof, logs) 0600/0700
                 )  # fmt: skip
         except OSError as exc:
             raise LaunchError(f"cannot start {argv[0]!r}: {exc}") from None

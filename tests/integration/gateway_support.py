@@ -60,13 +60,19 @@ def wait_until(pred: Callable[[], Any], timeout: float = 20.0, what: str = "cond
 
 
 @contextmanager
-def running_gateway(tmp_path: Path, launcher: LocalLauncher, db_url: str | None = None, grpc: bool = True) -> Iterator[Any]:
-    """A real gateway (uvicorn + gRPC) on free loopback ports; stopped and jobs cancelled after."""
+def running_gateway(tmp_path: Path, launcher: LocalLauncher, db_url: str | None = None, grpc: bool = True,
+                    allow: list[str] | None = None, input_roots: list[Path] | None = None,
+                    token_file: Path | None = None) -> Iterator[Any]:  # fmt: skip
+    """A real gateway (uvicorn + gRPC) on free loopback ports; stopped and jobs cancelled after.
+    Its input roots: the stand-in files' directory and ``tmp_path`` (unless given)."""
     from gateway_svc.server import Gateway, GatewaySettings
 
+    if input_roots is None:
+        input_roots = [Path(STANDIN_MODEL).parent, tmp_path]
     settings = GatewaySettings(
         token=TOKEN, host="127.0.0.1", port=0, grpc_port=0 if grpc else None, db_url=db_url,
-        runs_dir=tmp_path / "runs", poll_interval=0.1, cancel_timeout=2.0,
+        runs_dir=tmp_path / "runs", poll_interval=0.1, cancel_timeout=2.0, allow=allow or [],
+        input_roots=input_roots, token_file=token_file,
     )  # fmt: skip
     gw = Gateway(settings, launcher=launcher).start()
     try:

@@ -19,7 +19,7 @@ import yaml
 
 from services.pb import job_pb2, job_pb2_grpc
 from tests.integration.gateway_support import (
-    STANDIN_DATA, TOKEN, VALID_SPEC, auth, fake_launcher, running_gateway, wait_until,
+    STANDIN_DATA, STANDIN_MODEL, TOKEN, VALID_SPEC, auth, fake_launcher, running_gateway, wait_until,
 )  # fmt: skip
 
 pytestmark = pytest.mark.timeout(180)
@@ -48,13 +48,16 @@ def _kinds(c: httpx.Client, job_id: str) -> list[str]:
 def test_relative_and_missing_paths_are_refused_at_submit_naming_each(tmp_path):
     with running_gateway(tmp_path, fake_launcher(FAKE_STEPS=2)) as gw, \
             httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
-        spec = _spec(**{"model.path": "runs/quickstart/model", "data.train_files": [STANDIN_DATA, "/nonexistent/x.parquet"],
+        gone = tmp_path / "gone.parquet"  # under an input root, but missing
+        spec = _spec(**{"model.path": "runs/quickstart/model",
+                        "data.train_files": [STANDIN_DATA, str(gone), "/nonexistent/x.parquet"],
                         "data.val_files": ["../data/test.parquet"]})  # fmt: skip
         r = c.post("/v1/jobs", json={"spec": spec}, headers=auth())
         assert r.status_code == 400, r.text
         detail = r.json()["detail"]
         assert "model.path: relative path 'runs/quickstart/model'" in detail
-        assert "data.train_files[1]: /nonexistent/x.parquet does not exist" in detail
+        assert f"data.train_files[1]: {gone} does not exist" in detail
+        assert "data.train_files[2]: /nonexistent/x.parquet is outside the gateway's input roots" in detail
         assert "data.val_files[0]: relative path '../data/test.parquet'" in detail
         assert "data.train_files[0]" not in detail  # the good one is not named
         # The docs' own example: the quickstart file's relative paths are refused the same way, with 400, not 201.
@@ -124,7 +127,8 @@ def test_max_running_jobs_queues_submits_first_in_first_out(tmp_path):
 
     launcher = fake_launcher(FAKE_STEPS=25, FAKE_INTERVAL=0.15)  # long enough to see the others wait
     settings = GatewaySettings(token=TOKEN, port=0, grpc_port=None, runs_dir=tmp_path / "runs", poll_interval=0.1,
-                               cancel_timeout=2.0, max_running_jobs=1)  # fmt: skip
+                               cancel_timeout=2.0, max_running_jobs=1,
+                               input_roots=[Path(STANDIN_MODEL).parent])  # fmt: skip
     gw = Gateway(settings, launcher=launcher).start()
     try:
         with httpx.Client(base_url=gw.http_url, timeout=10) as c:

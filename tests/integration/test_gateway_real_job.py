@@ -5,6 +5,8 @@ and the gateway must show its metric points."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 import yaml
@@ -22,7 +24,7 @@ def test_gateway_runs_a_real_job_to_completion(tmp_path, tiny_model):
 
     train = write_rows(synthetic.arith_rows(64, seed=0, split="train"), tmp_path / "data" / "train.parquet")
     spec = tiny_job_spec("gateway-real", tiny_model, train, total_steps=2)
-    with running_gateway(tmp_path, LocalLauncher(), grpc=False) as gw, \
+    with running_gateway(tmp_path, LocalLauncher(), grpc=False, input_roots=[tmp_path, Path(tiny_model).parent]) as gw, \
             httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
         r = c.post("/v1/jobs", content=yaml.safe_dump(spec).encode(),
                    headers={**auth(), "Content-Type": "application/yaml"})  # fmt: skip

@@ -211,7 +211,7 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
     # deploy/k8s/monitoring.yaml: a fixed target, the token): the job-level series must be there.
     gateway_only = Scraper().start()
     try:
-        with running_gateway(tmp_path, LocalLauncher(), grpc=False) as gw, \
+        with running_gateway(tmp_path, LocalLauncher(), grpc=False, input_roots=[tmp_path, Path(tiny_model).parent]) as gw, \
                 httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
             scraper.urls[gw.http_url + "/metrics"] = {"Authorization": f"Bearer {TOKEN}"}
             gateway_only.urls[gw.http_url + "/metrics"] = {"Authorization": f"Bearer {TOKEN}"}
