@@ -24,12 +24,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher", choices=["local", "ray"], default=None,
                    help="where the services run: local child processes, or one Ray actor per service on the Ray "
                    "cluster at services.ray.address / $RAY_ADDRESS (same as services.launcher=...; docs/ray.md)")
+    p.add_argument("--weak-sandbox", action="store_true",
+                   help="where bubblewrap cannot run, run user code (reward functions, tools) in the weaker process "
+                   "sandbox instead of refusing it (no filesystem or uid isolation; docs/security.md)")
 
 
 def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
+    import os
+
+    # the run dir, its credential, checkpoints and logs: this user's only, whatever the umask
+    os.umask(0o077)
+    if getattr(args, "weak_sandbox", False):
+        from services.sandbox.confine import WEAK_ENV
+
+        os.environ[WEAK_ENV] = "1"  # the job's services inherit it
     if getattr(args, "launcher", None):
         args.overrides = [*args.overrides, f"services.launcher={args.launcher}"]
     spec = load_spec_or_report(args)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
@@ -27,6 +28,7 @@ from services import auth
 from services.config.job import dump_job
 from services.config.views import derive_views, dump_view, write_private, write_view
 from services.config.weights import REJECT_EXIT_CODE
+from services.sandbox.confine import INPUTS_ENV
 from services.procs import ServiceFailed, ServiceProcess, kill_adopted, log_tail, python_module_argv
 from services.supervision import Supervisor
 from services.metrics.scrape import http_get
@@ -42,6 +44,15 @@ def kind_of(name: str) -> str:
     """``rollout-1`` -> ``rollout``."""
     return name.split("-")[0]
 
+
+
+def sandbox_inputs(spec: Any) -> list[str]:
+    """The job's inputs that sandboxed user code may read (bound read-only in its sandbox):
+    the model and tokenizer, the data files, the reward function's file, the tool config."""
+    model, data, reward = spec.model, spec.data, spec.reward
+    paths = [model.path, model.tokenizer_path, *data.train_files, *data.val_files, reward.tokenizer_path,
+             reward.custom_reward_function.path, spec.rollout.multi_turn.tool_config_path]
+    return [os.path.abspath(p) for p in paths if isinstance(p, str) and p and os.path.exists(p)]
 
 class ServiceMesh:
     """The services of the job ``spec`` under ``run_dir`` (see module doc)."""
@@ -136,7 +147,8 @@ class ServiceMesh:
         """Where service ``name`` runs: a child process here, or (services.launcher=ray) a
         Ray actor of the job's placement group, wherever Ray placed its bundle. The feeder
         always runs here, beside the job's data and its position file."""
-        env = {"OMP_NUM_THREADS": "1", "MESHRL_RUN_DIR": str(self.run_dir), auth.ENV: str(self.credential_file)}
+        env = {"OMP_NUM_THREADS": "1", "MESHRL_RUN_DIR": str(self.run_dir), auth.ENV: str(self.credential_file),
+               INPUTS_ENV: os.pathsep.join(sandbox_inputs(self.spec))}  # what user code may read
         module = MODULES[kind_of(name)]
         if module == "rollout_svc":
             kv = self.views["rollout"].rollout.kv_cache_space_gib

@@ -19,6 +19,17 @@ for arg in "$@"; do
 done
 
 need_apt=()
+# bubblewrap: the sandbox of user code (reward functions, tools; docs/security.md). Installed
+# where apt is available and we are root; elsewhere user code is refused unless the operator
+# allows the weaker process sandbox (meshrl run --weak-sandbox, meshrl gateway --allow weak_sandbox).
+if ! command -v bwrap >/dev/null; then
+  if command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]]; then
+    need_apt+=(bubblewrap)
+  else
+    echo "install.sh: bubblewrap (bwrap) is missing and cannot be installed here (needs apt and root):" \
+         "user code will be refused unless the operator allows the weaker sandbox (docs/security.md)" >&2
+  fi
+fi
 if ((TESTS)); then
   command -v redis-server >/dev/null || need_apt+=(redis-server)  # the Redis queue backend tests
   command -v chromium >/dev/null || need_apt+=(chromium)          # the gateway dashboard test (headless)
