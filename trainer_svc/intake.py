@@ -22,11 +22,12 @@ Two sources share one interface (``next_batch`` / ``commit`` / ``state``):
   the checkpoints that acked it, so a trainer restored from an earlier checkpoint screens it
   again instead of forgetting it was ever dropped (acked at once, its count would die with
   the process while the item was gone from the stream).
-  With the canary gate (``weights.rollout.mode: canary``, :mod:`trainer_svc.canary`) the
-  samples of the candidate version under test are held -- neither trained nor acked --
-  until enough were seen; then they are judged in a batch, and trained only if the version
-  is promoted. A sample of a rejected version is dropped, counted as stale (dropped for its
-  version) and, apart, as ``dropped_rejected``.
+  Whether a sample is fresh enough is the trainer's :class:`~trainer_svc.staleness.Staleness`.
+  The trainer's promotion policy (:mod:`trainer_svc.promotion`) screens every item through
+  its intake hooks: it may keep items out of the batch for now (``screen``), mark a batch
+  as one that judges a candidate version (``judging_due`` / ``start_judging``), and name
+  versions that are never trained (``rejected``): such a sample is dropped, counted as stale
+  (dropped for its version) and, apart, as ``dropped_rejected``.
 - :class:`SyntheticIntake` makes deterministic batches from the step number (smoke runs,
   benchmarks, resume tests): the data cursor is the step.
 """
@@ -43,9 +44,10 @@ import numpy as np
 import torch
 
 from services.protocol import DataProto
-from trainer_svc import canary
 from trainer_svc.batching import collate_groups
-from trainer_svc.canary import sample_errors_and_scores
+from trainer_svc.promotion.all_at_once import AllAtOnce
+from trainer_svc.promotion.judging import JUDGE_KEY
+from trainer_svc.staleness import Staleness
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +56,9 @@ logger = logging.getLogger(__name__)
 class PendingBatch:
     """A training batch plus what must happen to its sources once the step commits.
 
-    ``data``: the collated batch (``B`` samples); None when the canary gate decided at the
-    intake and there is nothing to train (see ``QueueIntake.next_batch``). ``items``: leased
-    queue items to ack.
+    ``data``: the collated batch (``B`` samples); None when the promotion policy decided at
+    the intake and there is nothing to train (see ``QueueIntake.next_batch``). ``items``:
+    leased queue items to ack.
     ``dropped_items``: leased items none of whose samples is trained (acked as ``dropped``).
     ``dropped_ids``: sample ids dropped (stale or failed) from ``items``.
     ``staleness``: ``current_version - policy_version`` per trained sample.
@@ -64,7 +66,7 @@ class PendingBatch:
     ``dropped_stale`` / ``dropped_error`` / ``scored_failed``: sample counts of the items
     being acked with it, added to the counters when the step commits (an item handed back
     by a stop or a timeout is screened again when it comes back, so it must not count twice).
-    ``dropped_rejected``: of ``dropped_stale``, samples of a version the canary rejected.
+    ``dropped_rejected``: of ``dropped_stale``, samples of a version the promotion policy rejected.
     ``removed``: rows of ``data`` the step left out (see :meth:`remove`).
     """
 
@@ -83,7 +85,7 @@ class PendingBatch:
 
     def remove(self, rows: torch.Tensor, rejected: bool) -> None:
         """The step left the rows ``rows`` (bool per row of ``data``) out of the update: a
-        candidate's samples, rejected (or too stale to train): they count as dropped."""
+        judged candidate's samples, rejected (or too stale to train): they count as dropped."""
         n = int(rows.sum())
         sids = _column(self.data, "sample_id")
         if sids is not None:
@@ -105,7 +107,7 @@ class IntakeCounters:
     dropped_stale: int = 0
     dropped_error: int = 0
     scored_failed: int = 0  # trained with score 0 because the reward function failed
-    dropped_rejected: int = 0  # of dropped_stale: samples of a version the canary rejected
+    dropped_rejected: int = 0  # of dropped_stale: samples of a version the promotion policy rejected
     samples_nonfinite: int = 0
     batches: int = 0
 
@@ -179,21 +181,23 @@ class QueueIntake:
     Args:
         queue: a ``services.queues`` queue on stream ``experience``.
         train_batch_size: groups (prompts) per training batch.
-        max_staleness: versions a sample may lag the trainer.
+        max_staleness: the trainer's :class:`Staleness` (or its bound: versions a sample may lag).
         poll_s: longest single ``get`` wait (``should_stop`` and ``heartbeat`` run between polls).
+        policy: the trainer's promotion policy (:mod:`trainer_svc.promotion`; ``gate``, its
+            older name, is taken too); None: every version trains as it comes (``AllAtOnce``).
     """
 
-    def __init__(self, queue: Any, *, train_batch_size: int, max_staleness: int, poll_s: float = 1.0,
-                 defer_acks: bool = False, gate: Any = None) -> None:
+    def __init__(self, queue: Any, *, train_batch_size: int, max_staleness: int | Staleness, poll_s: float = 1.0,
+                 defer_acks: bool = False, policy: Any = None, gate: Any = None) -> None:
         self.queue = queue
-        self.gate = gate  # trainer_svc.canary.CanaryGate in canary mode
+        self.staleness = Staleness.of(max_staleness)
+        self.policy = policy if policy is not None else gate if gate is not None else AllAtOnce(self.staleness)
         self.defer_acks = defer_acks
         self._held: list[tuple[Any, str]] = []  # (item, ledger stage) of committed steps, acked at the next checkpoint
         self._held_ids: set[str] = set()
         self._held_dropped: list[str] = []
         self._covered: set[str] = set()  # sample ids of steps the restored checkpoint holds
         self.train_batch_size = train_batch_size
-        self.max_staleness = max_staleness
         self.poll_s = poll_s
         self.counters = IntakeCounters()
         #: dropped items one batch holds at most before they are acked at once (see _drop_now)
@@ -221,6 +225,10 @@ class QueueIntake:
             logger.info("intake: recovered %d experience items leased before a restart", len(out))
         return out
 
+    @property
+    def max_staleness(self) -> int:
+        return self.staleness.max_versions
+
     def _screen(self, data: DataProto, current_version: int,
                 judged: int | None = None) -> tuple[torch.Tensor, list[int], int, int, int, int]:
         """Keep-mask over rows, staleness of kept rows, and how many rows were stale /
@@ -233,12 +241,13 @@ class QueueIntake:
         n = len(data)
         versions = data.batch["policy_version"].long().reshape(n)
         lag = current_version - versions
-        future = lag < 0
+        future = versions > current_version
         if bool(future.any()):
             logger.warning("intake: dropping %d samples of policy versions above the trainer's v%d "
                            "(from a run that was resumed from an earlier checkpoint)", int(future.sum()), current_version)
-        rejected = self.gate.rejected(versions) if self.gate is not None else torch.zeros(n, dtype=torch.bool)
-        stale = (((lag > self.max_staleness) | future) & (versions != (-1 if judged is None else judged))) | rejected
+        rejected = self.policy.rejected(versions)
+        stale = (self.staleness.stale(versions, current_version) & (versions != (-1 if judged is None else judged))) \
+            | rejected
         errors = _column(data, "error")
         failed = torch.zeros(n, dtype=torch.bool)
         scored0 = torch.zeros(n, dtype=torch.bool)
@@ -263,17 +272,17 @@ class QueueIntake:
         are delivered again later). Raises ``TimeoutError`` after ``timeout`` seconds
         without a full batch (the leased items likewise stay unacked).
 
-        Canary mode: once enough of the candidate's samples were seen, the batch takes its
-        held groups and fills as any other while the admission window has room for the rest
-        of it beside the groups still held (:meth:`CanaryGate.can_fill`); without that room
-        it is topped up with the groups at hand (the backlog, then what the queue has now)
-        and closes however few groups it has (held samples count against the feeder's
-        admission bound: waiting for more could wait for ever). Closed at once, as first
-        built, judging steps trained on a third to a half of a batch at the quick start's
-        settings, and every short step spent a version of the staleness budget; a candidate
-        rejected here for its error rate or reward returns a batch without ``data`` (its
-        groups go back to the backlog): the trainer then offers its current weights as the
-        next candidate before it leases again.
+        When the promotion policy has a candidate to judge (``judging_due``), the batch takes
+        the items it hands over (``start_judging``) and fills as any other while the policy
+        says it may (``can_fill``: in canary mode, the admission window has room for the
+        rest of it beside the groups still held); else it is topped up with the groups at
+        hand (the backlog, then what the queue has now) and closes however few groups it has
+        (held samples count against the feeder's admission bound: waiting for more could
+        wait for ever). Closed at once, as first built, judging steps trained on a third to
+        a half of a batch at the quick start's settings, and every short step spent a
+        version of the staleness budget. A candidate rejected at the intake returns a batch
+        without ``data`` (the groups taken go back to the backlog): the trainer then asks the
+        policy what to offer before it leases again.
         """
         t0 = time.monotonic()
         deadline = t0 + timeout
@@ -285,11 +294,12 @@ class QueueIntake:
         staleness: list[int] = []
         counts = {"dropped_stale": 0, "dropped_error": 0, "scored_failed": 0, "dropped_rejected": 0}
         held_drops = {"dropped_stale": 0, "dropped_error": 0, "dropped_rejected": 0}  # of dropped_items
-        judging: dict[str, Any] | None = None  # canary mode: the candidate this batch judges
+        judging: dict[str, Any] | None = None  # the judging spec of the candidate this batch judges
+        policy = self.policy
         while len(groups) < self.train_batch_size:
-            # the judging batch, its candidate groups in: filled as any batch while the admission
-            # window has room for the rest of it, else topped up with what is at hand, never waiting
-            closing = judging is not None and bool(groups) and not self.gate.can_fill(self.train_batch_size)
+            # the judging batch, its candidate groups in: filled as any batch while the policy lets
+            # it wait, else topped up with what is at hand, never waiting
+            closing = judging is not None and bool(groups) and not policy.can_fill(self.train_batch_size)
             if should_stop():
                 return None
             if time.monotonic() > deadline:
@@ -301,13 +311,13 @@ class QueueIntake:
                 self._backlog = await self._recover()
             want = self.train_batch_size - len(groups)
             got: list[Any] = []
-            if self.gate is not None:
-                self._backlog.extend(self.gate.take_released())  # held items whose version was decided
-                if judging is None and self.gate.ready():
-                    got, judging = await self._judge_candidate(want)
-                    if judging is None:  # rejected at the intake: let the trainer offer a new candidate
-                        self._backlog[:0] = items + dropped_items  # screened again next time
-                        return PendingBatch(data=None, cursor=self.counters.batches, wait_seconds=time.monotonic() - t0)
+            self._backlog.extend(policy.released())  # items kept out whose version was decided
+            if judging is None and policy.judging_due():
+                got, judging, rejected = policy.start_judging(want)
+                if judging is None:  # rejected at the intake: let the trainer offer a new candidate
+                    await self._drop_rejected(rejected)
+                    self._backlog[:0] = items + dropped_items  # screened again next time
+                    return PendingBatch(data=None, cursor=self.counters.batches, wait_seconds=time.monotonic() - t0)
             if not got and self._backlog:
                 got, self._backlog = self._backlog[:want], self._backlog[want:]
             elif not got:
@@ -331,8 +341,8 @@ class QueueIntake:
                     await self.queue.ack(item)
                     continue
                 judged = judging["version"] if judging is not None else None  # (its rows are kept however stale)
-                if judged is None and self.gate is not None and self._hold(item, data, current_version):
-                    continue
+                if judged is None and policy.screen(item, data, current_version):
+                    continue  # kept out by the policy for now
                 try:
                     keep, lag, n_stale, n_err, n_failed, n_rej = self._screen(data, current_version, judged)
                 except ValueError as exc:
@@ -362,7 +372,7 @@ class QueueIntake:
         for key, v in held_drops.items():
             counts[key] += v
         if judging is not None:
-            batch.meta_info[canary.META_KEY] = judging["spec"]
+            batch.meta_info[JUDGE_KEY] = judging
         return PendingBatch(
             data=batch,
             items=items,
@@ -374,45 +384,14 @@ class QueueIntake:
             **counts,
         )
 
-    def _hold(self, item: Any, data: DataProto, current_version: int) -> bool:
-        """Canary mode: hold ``item`` when it has samples of the candidate under test (True);
-        else note its samples of promoted versions in the gate's baseline, and park it for the
-        judging batch when the trainer is to wait for the verdict (``CanaryGate.park``)."""
-        gate = self.gate
-        candidate = gate.candidate_version()
-        if gate.is_held(item.id):  # our own held lease, idle past lease_idle_s, handed back
-            gate.hold(item)
-            return True
-        try:
-            validate_experience(data)
-        except ValueError:
-            return False  # _screen drops it, naming the column
-        versions = data.batch["policy_version"].long().reshape(len(data))
-        errors, scores = sample_errors_and_scores(data, is_reward_failure)
-        if candidate is not None and bool((versions == candidate).any()):
-            mine = versions == candidate
-            gate.hold(item, errors[mine], scores[mine])
-            return True
-        ok = ~gate.rejected(versions)
-        gate.observe_promoted(errors[ok], scores[ok])
-        return candidate is not None and not bool((~ok).any()) and gate.park(item, current_version)
-
-    async def _judge_candidate(self, room: int) -> tuple[list[Any], dict[str, Any] | None]:
-        """Enough samples of the candidate were seen: reject it at once when its error rate
-        or reward is out of bounds (its held items are dropped), else take its held groups
-        for this batch, whose step judges the log-prob gap. Returns (items to screen into
-        this batch, the batch's judging state)."""
-        gate = self.gate
-        reasons, measurements = gate.intake_verdict()
-        if reasons:
-            for item in gate.reject_at_intake(reasons, measurements):
-                n = len(item.data)
-                self.counters.dropped_stale += n
-                self.counters.dropped_rejected += n
-                await self.queue.ack(item, stage="dropped")
-            return [], None
-        items, spec = gate.take_for_judging(room)
-        return items, {"version": spec["version"], "spec": spec}
+    async def _drop_rejected(self, items: list[Any]) -> None:
+        """The candidate was rejected at the intake: ack its held items as dropped, counted
+        as dropped for their version and as rejected."""
+        for item in items:
+            n = len(item.data)
+            self.counters.dropped_stale += n
+            self.counters.dropped_rejected += n
+            await self.queue.ack(item, stage="dropped")
 
     async def commit(self, pending: PendingBatch, applied: bool = True) -> None:
         """The step that used ``pending`` is committed: ack its items and record ledger

@@ -10,7 +10,7 @@ from typing import Any
 from services.config.views import TrainerView
 
 
-def _make_source(spec: TrainerView, vocab_size: int, consumer: str | None, gate: Any = None) -> Any:
+def _make_source(spec: TrainerView, vocab_size: int, consumer: str | None, policy: Any) -> Any:
     from trainer_svc.intake import QueueIntake, SyntheticIntake
 
     if spec.queues is None:
@@ -24,8 +24,8 @@ def _make_source(spec: TrainerView, vocab_size: int, consumer: str | None, gate:
     queue = make_queue(spec.queues, stream="experience", group="trainer", consumer=consumer or "trainer-0")
     # With periodic checkpoints, a step's items are acked once a checkpoint holds it: a hard
     # kill then neither loses a trained step nor trains an item twice.
-    return QueueIntake(queue, train_batch_size=spec.data.train_batch_size, max_staleness=spec.async_.max_staleness,
-                       defer_acks=spec.trainer.save_freq > 0, gate=gate)
+    return QueueIntake(queue, train_batch_size=spec.data.train_batch_size, max_staleness=policy.staleness,
+                       defer_acks=spec.trainer.save_freq > 0, policy=policy)
 
 
 def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str = "INFO") -> int:
@@ -41,7 +41,9 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
     from services.metrics import MetricsServer
     from services.readiness import announce_ready
     from trainer_svc.fsdp import init_distributed, set_torch_threads
-    from trainer_svc.train_loop import TrainerMetrics, TrainerService
+    from trainer_svc.loop_metrics import TrainerMetrics
+    from trainer_svc.promotion import make_policy
+    from trainer_svc.train_loop import TrainerService
     from trainer_svc.worker import TrainerWorker
 
     res = spec.resources
@@ -52,7 +54,7 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
     set_torch_threads(res.torch_threads, res.nproc)
     ctx = init_distributed(res.device, spec.trainer.collective_timeout_s)
     worker = TrainerWorker(spec, ctx)
-    source = publisher = metrics = server = gate = None
+    source = publisher = metrics = server = None
     if ctx.rank == 0:
         registry = CollectorRegistry()
         metrics = TrainerMetrics(registry)
@@ -60,16 +62,9 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
             from trainer_svc.weights.publisher import WeightPublisher
 
             publisher = WeightPublisher(spec.weights, registry=registry).start()
-            if spec.weights.canary and spec.queues is not None:
-                from trainer_svc.canary import CanaryGate, park_limit
-
-                per_batch = spec.data.train_batch_size * spec.rollout.n
-                needed_groups = -(-spec.weights.rollout.samples_to_decide(per_batch) // spec.rollout.n)
-                window = spec.async_.max_in_flight_for(spec.data.train_batch_size)
-                gate = CanaryGate(spec.weights.rollout, publisher, per_batch, max_staleness=spec.async_.max_staleness,
-                                  park_limit=park_limit(window, spec.data.train_batch_size, needed_groups),
-                                  window=window)
-        source = _make_source(spec, worker.model.config.vocab_size, consumer, gate)
+    policy = make_policy(spec, publisher)  # rank 0 decides with the publisher; the others judge only
+    if ctx.rank == 0:
+        source = _make_source(spec, worker.model.config.vocab_size, consumer, policy)
     def announce() -> None:
         addresses = {"metrics": f"{server.host}:{server.port}"}
         if publisher is not None:
@@ -79,7 +74,7 @@ def run_rank(spec: TrainerView, *, consumer: str | None = None, log_level: str =
                        version=worker.version, step=service.step_no)
 
     service = TrainerService(spec, ctx, worker, source=source, publisher=publisher, metrics=metrics,
-                             on_ready=announce if ctx.rank == 0 else None, gate=gate)
+                             on_ready=announce if ctx.rank == 0 else None, policy=policy)
     service.install_signal_handlers()
     try:
         service.resume()

@@ -14,15 +14,16 @@ Per step:
 SIGTERM (forwarded by the launcher to every rank) sets a flag; rank 0 notices it between
 polls and broadcasts ``stop``; all ranks then save a checkpoint and exit 0.
 
-With the canary gate (``weights.rollout.mode: canary``, :mod:`trainer_svc.canary`) a batch
-may carry a candidate version's samples: the step judges them, rank 0 tells the publisher
-(promote / reject) within the step, before its updates (so before the step's own version is
-published); on a promotion, the step's starting weights -- made while the candidate was
-under test, never gathered -- are gathered and offered as the next candidate there and then
-(:func:`canary.offer_on_promotion`), and a version that would go nowhere (a candidate is
-still under test) is not gathered at all. After a rejection the
-loop follows ``on_reject``: it pauses (heartbeats only) until the rollout is resumed, or
-stops with ``REJECT_EXIT_CODE``.
+How a new version reaches the replicas is the trainer's promotion policy
+(:class:`trainer_svc.promotion.base.PromotionPolicy`, built once from the view): the loop
+calls the same hooks whatever the policy -- what to do instead of leasing a batch
+(``next_command``, ``offer``, ``wait_resumed``), what to add to a step's control
+(``step_control``), the verdict on a candidate a batch carries (``judge``, inside the step)
+and what to do with it (``decide``, before the step's updates), and what follows a step or a
+publish (``after_step``, ``on_publish``). A step's control may say that its version goes
+nowhere (``publish: False``: not gathered at all), or that its starting weights are to be
+offered as soon as its verdict promotes (``offer_on_promotion``); a ``publish`` command
+offers the current weights, ``again`` under the next version number.
 """
 
 from __future__ import annotations
@@ -36,80 +37,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
 from services.config.views import TrainerView
-from services.config.weights import REJECT_EXIT_CODE
-from trainer_svc import canary
 from trainer_svc.checkpoint import CheckpointManager
 from trainer_svc.comm import broadcast_message
 from trainer_svc.fsdp import DistContext
+from trainer_svc.loop_metrics import TrainerMetrics
+from trainer_svc.promotion import PromotionPolicy, make_policy
 from trainer_svc.worker import StepResult, TrainerWorker
 
 logger = logging.getLogger("meshrl.trainer")
 
-_GAUGES = {
-    "actor/loss": ("meshrl_trainer_loss", "total actor loss of the last step"),
-    "actor/pg_loss": ("meshrl_trainer_pg_loss", "policy-gradient loss of the last step"),
-    "actor/pg_clipfrac": ("meshrl_trainer_pg_clipfrac_ratio", "fraction of tokens whose ratio was clipped"),
-    "actor/ppo_kl": ("meshrl_trainer_ppo_kl", "approx KL(old || new) over the last step"),
-    "actor/entropy": ("meshrl_trainer_entropy_nats", "mean token entropy of the policy"),
-    "actor/kl_loss": ("meshrl_trainer_kl_loss", "KL(actor || ref) loss term"),
-    "actor/grad_norm": ("meshrl_trainer_grad_norm", "global gradient L2 norm before clipping"),
-    "actor/lr": ("meshrl_trainer_learning_rate", "current actor learning rate"),
-    "critic/score/mean": ("meshrl_trainer_reward_mean", "mean sequence score of the last batch"),
-    "training/rollout_probs_diff_mean": (
-        "meshrl_trainer_rollout_probs_diff_mean", "mean |p_rollout - p_trainer| of the sampled tokens, last batch"
-    ),
-    "training/rollout_probs_diff_max": (
-        "meshrl_trainer_rollout_probs_diff_max", "max |p_rollout - p_trainer| of the sampled tokens, last batch"
-    ),
-    "training/rollout_logprob_gap_mean": (
-        "meshrl_trainer_rollout_logprob_gap_mean",
-        "mean |log p_trainer - log p_rollout| of the sampled tokens, last batch (what the canary gate compares)",
-    ),
-}
-
-
-class TrainerMetrics:
-    """Prometheus metrics of the trainer (rank 0's registry)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        r = self.registry = registry
-        self.phase = Counter("meshrl_trainer_phase_seconds_total", "seconds spent per phase", ["phase"], registry=r)
-        self.last = Gauge("meshrl_trainer_step_seconds", "duration of the last step per phase", ["phase"], registry=r)
-        self.steps = Counter("meshrl_trainer_steps_total", "committed training steps", registry=r)
-        self.skipped = Counter(
-            "meshrl_trainer_nonfinite_steps_total", "optimizer steps skipped for a NaN/inf loss", registry=r
-        )
-        self.version = Gauge("meshrl_trainer_policy_version", "current policy version", registry=r)
-        self.samples = Counter("meshrl_trainer_samples_total",
-                               "samples consumed by committed steps (trained, or skipped as non-finite)", registry=r)
-        self.tokens = Counter("meshrl_trainer_tokens_total", "tokens (prompt+response) trained on", registry=r)
-        self.stale = Counter("meshrl_trainer_dropped_stale_samples_total",
-                             "samples dropped for their policy version (too stale, or rejected at the canary)",
-                             registry=r)
-        self.rejected = Counter("meshrl_trainer_dropped_rejected_samples_total",
-                                "of the dropped_stale samples: those of a version rejected at the canary", registry=r)
-        self.held = Gauge("meshrl_trainer_canary_held_samples",
-                          "samples of the candidate version held until it is judged", registry=r)
-        self.errors = Counter("meshrl_trainer_dropped_error_samples_total",
-                              "samples dropped for a rollout error (no usable response)", registry=r)
-        self.failed = Counter("meshrl_trainer_failed_score_samples_total",
-                              "samples trained with score 0 because the reward function failed", registry=r)
-        self.staleness = Histogram(
-            "meshrl_trainer_staleness_versions", "policy-version lag of trained samples",
-            buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32, math.inf), registry=r,
-        )
-        self.weight_bytes = Counter("meshrl_trainer_weight_bytes_total", "parameter bytes published", registry=r)
-        self.weight_seconds = Gauge("meshrl_trainer_weight_publish_seconds", "duration of the last publish", registry=r)
-        self.idle = Gauge("meshrl_trainer_idle_ratio", "fraction of wall time spent waiting for data", registry=r)
-        self.gauges = {k: Gauge(name, doc, registry=r) for k, (name, doc) in _GAUGES.items()}
-
-
 class TrainerService:
     """Drives one rank. ``source`` (rank 0 only) is a ``QueueIntake`` or ``SyntheticIntake``;
-    ``publisher`` (rank 0 only) has ``publish(version, named_tensors)`` or is ``None``."""
+    ``publisher`` (rank 0 only) has ``publish(version, named_tensors)`` or is ``None``;
+    ``policy``: the promotion policy (:func:`trainer_svc.promotion.make_policy` of the view
+    when not given), which the worker's step uses too."""
 
     def __init__(
         self,
@@ -121,10 +63,11 @@ class TrainerService:
         publisher: Any = None,
         metrics: TrainerMetrics | None = None,
         on_ready: Callable[[], None] | None = None,
-        gate: canary.CanaryGate | None = None,
+        policy: PromotionPolicy | None = None,
     ) -> None:
         self.spec, self.ctx, self.worker = spec, ctx, worker
-        self.gate = gate  # rank 0, canary mode
+        self.policy = policy if policy is not None else make_policy(spec, publisher)
+        worker.policy = self.policy
         self.source, self.publisher, self.metrics = source, publisher, metrics
         self.ckpt = CheckpointManager(spec.trainer.default_local_dir, ctx, spec.trainer.max_ckpt_to_keep)
         self.step_no = 0
@@ -134,7 +77,6 @@ class TrainerService:
         self.on_ready = on_ready  # called once, when ready (rank 0 announces readiness)
         self.last_result: StepResult | None = None
         self._consecutive_nonfinite = 0
-        self._offered_again = -1  # the version under which rejected weights were offered again (see _offer)
         self._loop = asyncio.new_event_loop() if ctx.rank == 0 else None
         self._t_start = time.monotonic()
         self._t_wait = 0.0
@@ -169,7 +111,7 @@ class TrainerService:
             "version": self.worker.version,
             "last": None if r is None else {"metrics": r.metrics, "applied": r.applied, "seconds": r.seconds},
             "intake": None if self.source is None else self.source.counters.as_dict(),
-            "canary": None if self.gate is None else self.gate.state(),
+            **self.policy.status(),
         }
 
     # ------------------------------------------------------------------ loop
@@ -185,7 +127,7 @@ class TrainerService:
             self.on_ready()
         while True:
             control, batch, pending = self._next_command()
-            if control["cmd"] in ("publish", "wait"):  # canary mode: no step (rank 0 alone sees "wait")
+            if control["cmd"] in ("publish", "wait"):  # no step (rank 0 alone sees "wait")
                 if control["cmd"] == "publish":
                     if control.get("again"):  # the same weights, offered again under the next version number
                         self.worker.version += 1
@@ -197,9 +139,9 @@ class TrainerService:
                 self._join_export()
                 return int(control.get("code", 0))
             t0 = time.perf_counter()
-            failed: list[BaseException] = []  # rank 0: the gate's decision, made within the step
+            failed: list[BaseException] = []  # rank 0: the policy's decision, made within the step
 
-            early = {"offered": False, "seconds": 0.0}  # the step's starting weights, offered within it (canary)
+            early = {"offered": False, "seconds": 0.0}  # the step's starting weights, offered within it
 
             def on_verdict(verdict: dict, removed: Any) -> None:
                 if (exc := self._decide(pending, verdict, removed)) is not None:
@@ -211,13 +153,12 @@ class TrainerService:
                     self._publish()
                     early.update(offered=True, seconds=time.perf_counter() - t)
 
-            result = self.worker.step(batch, on_verdict=None if self.gate is None else on_verdict,
+            result = self.worker.step(batch, on_verdict=on_verdict if self.ctx.rank == 0 else None,
                                       after_verdict=after_verdict)
             t1 = time.perf_counter()
             if failed:
                 raise failed[0]  # now that the step's collectives are done
-            if self.gate is not None and result.canary is None:
-                self.gate.observe_step(result.metrics)  # the baseline of a judging batch without promoted rows
+            self.policy.after_step(result)
             # offered within the step: its own version goes nowhere (that offer is the candidate now)
             if result.applied and control.get("publish", True) and not early["offered"]:
                 self._publish()
@@ -253,11 +194,8 @@ class TrainerService:
             control = {"cmd": "stop", "checkpoint": False, "code": 3}
         elif self.stop_requested:
             control = {"cmd": "stop", "checkpoint": True}
-        elif self.gate is not None and self.gate.failed:
-            logger.error("%s; stopping (weights.rollout.on_reject=fail)", self.gate.failed)
-            control = {"cmd": "stop", "checkpoint": True, "code": REJECT_EXIT_CODE}
-        elif (offer := self._offer()) is not None:
-            control = offer
+        elif (command := self.policy.next_command(self.worker.version)) is not None:
+            control = command
         else:
             t0 = time.perf_counter()
             last_beat = [time.monotonic()]
@@ -269,13 +207,7 @@ class TrainerService:
                     broadcast_message({"cmd": "wait"}, None, group=self.ctx.cpu_group)
                     last_beat[0] = time.monotonic()
 
-            if self.gate is not None and self.gate.paused:
-                self._wait_resumed(heartbeat)
-                # resumed: offer the current weights (made after the rejected candidate) as the next
-                # candidate first -- the promoted replicas' samples may all be too stale to step on
-                resumed_offer = None if self.stop_requested else self._offer()
-            else:
-                resumed_offer = None
+            resumed_offer = self.policy.wait_resumed(self.worker.version, heartbeat, lambda: self.stop_requested)
             if resumed_offer is not None:
                 pending, control = None, resumed_offer
             else:
@@ -293,17 +225,12 @@ class TrainerService:
                     pending, control = None, {"cmd": "stop", "checkpoint": True, "code": 4}
                 else:
                     control = {"cmd": "train"} if pending is not None else {"cmd": "stop", "checkpoint": True}
-                    if pending is not None and pending.data is None:  # the gate decided at the intake
-                        pending, control = None, self._offer() or {"cmd": "wait"}
+                    if pending is not None and pending.data is None:  # the policy decided at the intake
+                        pending, control = None, self.policy.offer(self.worker.version) or {"cmd": "wait"}
                     if pending is not None and getattr(self.source, "needs_checkpoint", lambda: False)():
                         control["save"] = True
-                    if pending is not None and self.gate is not None:
-                        # the step's version goes to nobody while a candidate is under test: skip gathering it
-                        judging = canary.META_KEY in pending.data.meta_info
-                        control["publish"] = self.gate.rollout.wants_next() or judging
-                        if judging and canary.offer_on_promotion(self.gate.rollout, self.worker.version,
-                                                                 self.gate.publisher.latest_version):
-                            control["offer_on_promotion"] = True
+                    if pending is not None:
+                        control.update(self.policy.step_control(pending.data, self.worker.version))
             wait = time.perf_counter() - t0
             self._t_wait += wait
             if self.metrics is not None:
@@ -313,54 +240,16 @@ class TrainerService:
         broadcast_message(control, batch, group=self.ctx.cpu_group)
         return control, batch, pending
 
-    def _offer(self) -> dict[str, Any] | None:
-        """Rank 0, canary mode: the command that offers the trainer's current weights as the
-        next candidate (:func:`canary.next_offer`), or None when there is nothing to offer."""
-        if self.gate is None:
-            return None
-        version, rollout = self.worker.version, self.gate.rollout
-        what = canary.next_offer(rollout, version, self.gate.publisher.latest_version, self._offered_again,
-                                 self.spec.async_.max_staleness)
-        if what == "new":
-            return {"cmd": "publish"}
-        if what == "renumber":
-            logger.info("canary: v%d was held back (its number is taken); offering its weights as v%d",
-                        version, version + 1)
-            return {"cmd": "publish", "again": True}
-        if what == "again":
-            logger.warning("canary: v%d was rejected and v%d, %d versions behind, is promoted: no sample can be "
-                           "trained; offering the same weights again as v%d", version, rollout.promoted,
-                           version - rollout.promoted, version + 1)
-            self._offered_again = version + 1
-            return {"cmd": "publish", "again": True}
-        if what == "fail":
-            self.gate.failed = (f"v{version}, the weights of the rejected v{version - 1} offered again, was rejected "
-                                f"too, and every promoted sample is too stale to train (promoted v{rollout.promoted}, "
-                                f"async.max_staleness {self.spec.async_.max_staleness})")
-            return {"cmd": "stop", "checkpoint": True, "code": REJECT_EXIT_CODE}
-        return None
-
-    def _wait_resumed(self, heartbeat: Callable[[], None]) -> None:
-        """Rank 0, canary mode: the rollout is paused after a rejection; train nothing until
-        it is resumed (``meshrl canary RUN_DIR --resume``) or the trainer is stopped."""
-        logger.warning("canary: %s; training paused until resumed (meshrl canary <run_dir> --resume)",
-                       self.gate.paused)
-        while self.gate.paused and not self.stop_requested:
-            heartbeat()
-            time.sleep(0.5)
-        if not self.stop_requested:
-            logger.warning("canary: resumed; the next version is the next candidate")
-
     def _decide(self, pending: Any, verdict: dict, removed: Any) -> BaseException | None:
         """Rank 0, inside the step that judged a candidate, between the old log-probs and the
-        updates: account for the rows the verdict leaves out, then tell the publisher (a
-        promoted version goes out while the step updates). An error is returned, to be raised
-        once the step's collectives are done (raising here would leave the other ranks
-        waiting in them)."""
+        updates: account for the rows the verdict leaves out, then let the policy act on it
+        (a promoted version goes out while the step updates). An error is returned, to be
+        raised once the step's collectives are done (raising here would leave the other
+        ranks waiting in them)."""
         try:
             if removed is not None and bool(removed.any()):
                 pending.remove(removed, rejected=not verdict["promoted"])
-            self.gate.decide(verdict)
+            self.policy.decide(verdict)
         except Exception as exc:
             return exc
         return None
@@ -369,8 +258,7 @@ class TrainerService:
         """Gather full parameters (all ranks); rank 0 streams them to the publisher."""
         if self.spec.weights is None:
             return
-        if not initial and self.spec.weights.rollout.mode == "canary":
-            self.worker.keep_offered()  # every publish after the first offers a candidate: judged with these
+        self.policy.on_publish(self.worker, initial)
         it = self.worker.full_params()
         if self.ctx.rank != 0:
             for _ in it:
@@ -446,8 +334,7 @@ class TrainerService:
         seen = self.__dict__.setdefault("_seen", {})
         totals = {"samples": c.samples_trained + c.samples_nonfinite, "stale": c.dropped_stale,
                   "error": c.dropped_error, "failed": c.scored_failed, "rejected": c.dropped_rejected}
-        if self.gate is not None:
-            mt.held.set(self.gate.state()["held_samples"])
+        mt.held.set(self.policy.held_samples())
         for key, metric in (("samples", mt.samples), ("stale", mt.stale), ("error", mt.errors), ("failed", mt.failed),
                             ("rejected", mt.rejected)):
             now = totals[key]
@@ -462,7 +349,7 @@ class TrainerService:
         logger.info(
             "step %d version %d %s loss=%.5f grad_norm=%.4f samples=%d compute=%.2fs",
             self.step_no, result.version, "applied" if result.applied else
-            "trained nothing (every row was a rejected candidate's)" if result.canary is not None and result.samples == 0
+            "trained nothing (every row was a rejected candidate's)" if result.verdict is not None and result.samples == 0
             else "SKIPPED (non-finite)",
             m.get("actor/loss", float("nan")), m.get("actor/grad_norm", float("nan")), result.samples,
             seconds["compute"],
@@ -473,8 +360,7 @@ class TrainerService:
                 "skipped_steps": result.skipped_steps, "samples": result.samples,
                 "staleness": pending.staleness, "seconds": seconds, "metrics": m,
             }
-            if result.canary is not None:  # the canary gate's verdict on a candidate, with its measurements
-                line["canary"] = result.canary
+            line.update(self.policy.report(result))  # e.g. a verdict on a candidate, with its measurements
             with open(self.spec.trainer.metrics_file, "a") as f:
                 f.write(json.dumps(line) + "\n")
         mt = self.metrics

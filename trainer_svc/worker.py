@@ -25,13 +25,14 @@ import torch
 
 from services.config.views import TrainerView
 from services.protocol import DataProto
-from trainer_svc import canary, core_algos
+from trainer_svc import core_algos
 from trainer_svc.actor import DataParallelPPOActor, local_mini_batch_size
 from trainer_svc.batching import ShardPlan
 from trainer_svc.critic import DataParallelPPOCritic
 from trainer_svc.experience import compute_advantage
 from trainer_svc.fsdp import (DistContext, ShardCopy, build_optimizer, iter_full_params, load_causal_lm, load_value_model,
                               shard_model, swapped_params)
+from trainer_svc.promotion.base import PromotionPolicy
 from trainer_svc.ref import ReferencePolicy
 
 logger = logging.getLogger(__name__)
@@ -41,14 +42,14 @@ def rollout_mismatch_metrics(old_log_probs: torch.Tensor, rollout_log_probs: tor
                              mask: torch.Tensor) -> dict[str, float]:
     """How far the trainer's probabilities of the sampled tokens are from the replica's
     (verl's ``training/rollout_probs_diff_*``), and the mean ``|log p_trainer - log p_rollout|``
-    (``training/rollout_logprob_gap_mean``, the canary gate's measure): with ``max_staleness=0``
+    (``training/rollout_logprob_gap_mean``, what a judged candidate is measured by): with ``max_staleness=0``
     these measure the numerical gap between the two engines; otherwise they include the policy
     change."""
     m = mask.bool()
     if not m.any():
         return {}
     diff = (old_log_probs.float().exp() - rollout_log_probs.float().exp()).abs()[m]
-    gap = (old_log_probs.float() - rollout_log_probs.float()).abs()[m]  # what the canary gate judges
+    gap = (old_log_probs.float() - rollout_log_probs.float()).abs()[m]  # what a candidate is judged by
     return {"training/rollout_probs_diff_mean": float(diff.mean()), "training/rollout_probs_diff_max": float(diff.max()),
             "training/rollout_logprob_gap_mean": float(gap.mean())}
 
@@ -70,10 +71,15 @@ class StepResult:
     skipped_steps: int
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
-    canary: dict | None = None
-    """The verdict on a candidate version whose samples the batch carried (canary mode)."""
+    verdict: dict | None = None
+    """The promotion policy's verdict on a candidate version whose samples the batch carried."""
     removed: torch.Tensor | None = None
     """Bool per batch row: left out of the update (a rejected candidate's; a candidate's too stale)."""
+
+    @property
+    def canary(self) -> dict | None:
+        """:attr:`verdict`, under the name it had when the canary was the only policy that judges."""
+        return self.verdict
 
 
 class TrainerWorker:
@@ -127,8 +133,17 @@ class TrainerWorker:
         self.kl_ctrl = core_algos.get_kl_controller(spec.algorithm.kl_ctrl) if spec.algorithm.use_kl_in_reward else None
         self.version = 0
         self.offered: ShardCopy | None = None
-        """Canary mode: this rank's shards of the weights last offered as a candidate
-        (:meth:`keep_offered`), to judge the candidate with its own weights."""
+        """This rank's shards of the weights last offered as a candidate (:meth:`keep_offered`),
+        to judge the candidate with its own weights."""
+        self.policy: PromotionPolicy | None = None
+        """The trainer's promotion policy (:mod:`trainer_svc.promotion`), set by the trainer's
+        loop; its ``judge`` hook runs inside :meth:`step`. Unset (a bare worker): the base
+        policy, which judges a batch marked with a candidate and nothing else."""
+
+    def _policy(self) -> PromotionPolicy:
+        if self.policy is None:
+            self.policy = PromotionPolicy(self.spec.async_.max_staleness)
+        return self.policy
 
     # ------------------------------------------------------------------------------ step
 
@@ -136,12 +151,13 @@ class TrainerWorker:
              after_verdict: Callable[[dict], None] | None = None) -> StepResult:
         """One training step on the full batch (identical on every rank). Collective.
 
-        A batch that judges a canary candidate reaches its verdict once the old log-probs are
-        recomputed, before the updates: ``on_verdict(verdict, removed)`` (rank 0's gate) is
-        called then, so a promoted version goes to the other replicas while this step is
-        still updating, not a step later. ``after_verdict(verdict)`` follows on every rank,
-        the parameters still the step's starting ones: the trainer may gather them there
-        (a collective) to offer them as the next candidate."""
+        A batch that judges a candidate version reaches its verdict (the promotion policy's
+        ``judge`` hook) once the old log-probs are recomputed, before the updates:
+        ``on_verdict(verdict, removed)`` (rank 0's decision) is called then, so a promoted
+        version goes to the other replicas while this step is still updating, not a step
+        later. ``after_verdict(verdict)`` follows on every rank, the parameters still the
+        step's starting ones: the trainer may gather them there (a collective) to offer them
+        as the next candidate."""
         if len(batch) == 0:
             raise ValueError("empty training batch")
         ctx, spec = self.ctx, self.spec
@@ -153,10 +169,9 @@ class TrainerWorker:
             batch.batch["response_mask"] = core_algos.compute_response_mask(batch)
         metrics = self._old_log_probs(batch, plan, local)
         verdict = removed = None
-        if batch.meta_info.get(canary.META_KEY):
-            gate = batch.meta_info[canary.META_KEY]
-            judged = self._candidate_log_probs(batch, int(gate["version"]))
-            verdict, removed = canary.judge(batch, gate, self.version, spec.async_.max_staleness, judged)
+        found = self._policy().judge(batch, self)
+        if found is not None:
+            verdict, removed = found
             if on_verdict is not None:
                 on_verdict(verdict, removed)
             if after_verdict is not None:
@@ -164,7 +179,7 @@ class TrainerWorker:
             if bool(removed.any()):
                 batch = batch.select_idxs(~removed)
                 if len(batch) == 0:
-                    return StepResult(self.version, False, 0, 0, 0, 0, metrics, canary=verdict, removed=removed)
+                    return StepResult(self.version, False, 0, 0, 0, 0, metrics, verdict=verdict, removed=removed)
                 plan = ShardPlan.build(batch, ctx.world_size)
                 local = plan.local(batch, ctx.rank)
         if self.ref is not None:
@@ -198,15 +213,15 @@ class TrainerWorker:
             skipped_steps=result.skipped_steps,
             metrics={**metrics, "response_length/mean": float(mask.sum(-1).float().mean())},
             seconds={"logprob": t1 - t0, "adv": t2 - t1, "update": t3 - t2},
-            canary=verdict,
+            verdict=verdict,
             removed=removed,
         )
 
     def keep_offered(self) -> None:
-        """The current weights are being offered as a candidate (canary mode): keep a copy of
+        """The current weights are being offered as a candidate (the policy's ``on_publish``): keep a copy of
         this rank's shards of them, replacing the last, so the step that judges the
         candidate -- usually a step or two later -- can recompute its samples' log-probs with
-        the very weights the canary served (:meth:`_candidate_log_probs`). Costs one more
+        the very weights the candidate's replicas served (:meth:`_candidate_log_probs`). Costs one more
         copy of the local parameter shards. Every rank calls it on the same publishes."""
         self.offered = ShardCopy.of(self.model, self.version)
 
@@ -215,7 +230,7 @@ class TrainerWorker:
         (versions between the weights used and the candidate's): ``batch``'s
         ``old_log_probs`` with the candidate's rows recomputed with the candidate's own
         weights (:attr:`offered`) when the trainer has stepped past them -- lag 0, so the
-        gap measures how the canary served the weights, not how far the policy moved since
+        gap measures how a replica served the weights, not how far the policy moved since
         (one step's change was seen to reject healthy versions). None when the candidate's
         weights are not kept: judged with the current ones, at ``self.version - version``.
         Collective: every rank holds the same batch and copy, so all take the same path."""
@@ -238,7 +253,7 @@ class TrainerWorker:
         replica's (the trainer's current weights generated it); None when every row is recomputed."""
         b = batch.batch
         if (self.spec.actor.recompute_old_log_prob != "stale" or "rollout_log_probs" not in b.keys()
-                or "policy_version" not in b.keys() or batch.meta_info.get(canary.META_KEY)):
+                or "policy_version" not in b.keys() or self._policy().judges(batch)):
             return None
         fresh = b["policy_version"].long().reshape(-1) == self.version
         return fresh if bool(fresh.any()) else None

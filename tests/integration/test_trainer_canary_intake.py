@@ -14,7 +14,7 @@ from services.config.weights import WeightChannelConfig
 from services.protocol import DataProto
 from services.queues import make_queue
 from trainer_svc.weights.publisher import WeightPublisher
-from trainer_svc.canary import META_KEY, CanaryGate, judge, park_limit
+from trainer_svc.promotion.canary import META_KEY, Canary as CanaryGate, judge, park_limit
 from trainer_svc.intake import QueueIntake
 from trainer_svc.synthetic import make_group
 

@@ -123,7 +123,7 @@ def canary_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from trainer_svc import canary
+    from trainer_svc.promotion import canary
     from trainer_svc.synthetic import make_batch
 
     batch = make_batch(4, n=spec.rollout.n, prompt_len=7, response_len=6, vocab_size=vocab, seed=0)
@@ -169,7 +169,7 @@ def lag0_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from trainer_svc import canary
+    from trainer_svc.promotion import canary
     from trainer_svc.batching import ShardPlan
     from trainer_svc.synthetic import make_batch
 

@@ -1,5 +1,5 @@
 """The trainer's side of the canary gate: the verdict of a step, the intake's bounds, the
-settings a canary job needs (``trainer_svc.canary``, ``services.config``)."""
+settings a canary job needs (``trainer_svc.promotion.canary``, ``services.config``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from services.config.job import parse_job
 from services.config.weights import RolloutGateConfig, WeightChannelConfig
 from trainer_svc.weights.publisher import WeightPublisher
-from trainer_svc.canary import CanaryGate, judge
+from trainer_svc.promotion.canary import Canary as CanaryGate, judge
 from trainer_svc.synthetic import make_group
 
 
@@ -156,7 +156,7 @@ def test_the_judging_batch_takes_the_candidates_groups_before_parked_ones():
 
 def test_rejected_weights_the_promoted_replicas_are_too_stale_for_are_offered_again_once():
     from trainer_svc.weights.promotion import RolloutState
-    from trainer_svc.canary import next_offer
+    from trainer_svc.promotion.canary import next_offer
 
     r = RolloutState(RolloutGateConfig(mode="canary"))
     r.routed(1, "promote")
@@ -181,7 +181,7 @@ def test_weights_held_back_by_a_pause_are_offered_under_the_next_number_after_th
     """Seen in a job: v4 rejected with pause while the judging step published v5 (held back);
     after the resume v5's number was taken and v1 was 4 versions behind: nothing to train."""
     from trainer_svc.weights.promotion import RolloutState
-    from trainer_svc.canary import next_offer
+    from trainer_svc.promotion.canary import next_offer
 
     r = RolloutState(RolloutGateConfig(mode="canary"))
     r.routed(1, "promote")
@@ -197,7 +197,7 @@ def test_weights_held_back_by_a_pause_are_offered_under_the_next_number_after_th
 
 def test_the_judging_step_offers_its_starting_weights_only_when_they_never_reached_the_gate():
     from trainer_svc.weights.promotion import RolloutState
-    from trainer_svc.canary import offer_on_promotion
+    from trainer_svc.promotion.canary import offer_on_promotion
 
     r = RolloutState(RolloutGateConfig(mode="canary"))
     r.routed(0, "promote")

@@ -1,27 +1,33 @@
-"""The canary gate in the trainer: which samples wait, and the verdict on a candidate.
+"""``weights.rollout.mode: canary``: a new version is tried on a few replicas and judged from
+their samples before the others load it (docs/weights.md, "Promotion").
 
-With ``weights.rollout.mode: canary`` the publisher (rank 0) sends each candidate version
-to the canary replicas only (docs/weights.md, "Promotion"). The trainer judges it from the
-canaries' samples of it, in three places:
+The publisher (rank 0) sends each candidate version to the canary replicas only. The
+:class:`Canary` policy judges it from the canaries' samples of it, through the hooks of
+:class:`~trainer_svc.promotion.base.PromotionPolicy`:
 
-1. **Intake** (rank 0, :class:`CanaryGate`): a sample of the candidate version is *held*:
-   neither trained nor acked. The error rate and the mean score of the candidate's samples
-   are tallied against those of the promoted versions' recent samples. Once
-   ``promote_after_samples`` of them were seen, the error and reward bounds are checked;
-   failing one rejects the candidate at once, else the held groups go into the next batch,
-   marked for evaluation (``meta_info["canary"]``).
-2. **Step** (every rank, :func:`judge`): the mean log-prob gap
-   ``|log p_trainer - log p_rollout|`` of the candidate's sampled tokens, recomputed with the
-   candidate's own weights (each rank keeps its shards of every version it offers,
-   ``TrainerWorker.keep_offered``), is compared with the gap the promoted version had when
-   it was judged so; where those weights are not kept, with the step's current weights,
+1. **Intake** (rank 0, ``screen`` / ``judging_due`` / ``start_judging``): a sample of the
+   candidate version is *held*: neither trained nor acked. The error rate and the mean
+   score of the candidate's samples are tallied against those of the promoted versions'
+   recent samples. Once ``promote_after_samples`` of them were seen, the error and reward
+   bounds are checked; failing one rejects the candidate at once, else the held groups go
+   into the next batch, marked for judging (``meta_info[META_KEY]``). Promoted groups are
+   *parked* for that batch when one more step would make them too stale (:meth:`park`).
+2. **Step** (every rank, ``judge``: :func:`~trainer_svc.promotion.judging.judge`): the mean
+   log-prob gap ``|log p_trainer - log p_rollout|`` of the candidate's sampled tokens,
+   recomputed with the candidate's own weights (each rank keeps its shards of every version
+   it offers: ``on_publish``), is compared with the gap the promoted version had when it
+   was judged so; where those weights are not kept, with the step's current weights,
    against the promoted versions' rows of the same batch (without such rows, the last
-   step's gap). The verdict is computed from the broadcast batch alone, so every rank
-   reaches the same one; a rejected candidate's rows leave the batch before the advantages
-   and the update.
-3. **Within the step**, once the verdict is in and before the updates (rank 0,
-   :meth:`CanaryGate.decide`): the publisher promotes or rejects; a rejection is logged
-   with its measurements and the job follows ``on_reject``.
+   step's gap). A rejected candidate's rows leave the batch before the advantages and the
+   update.
+3. **Within the step**, once the verdict is in and before the updates (rank 0, ``decide``):
+   the publisher promotes or rejects; a rejection is logged with its measurements and the
+   job follows ``on_reject`` (``next_command`` stops the trainer, or ``wait_resumed`` holds
+   it until the rollout is resumed).
+4. **What next** (rank 0, ``next_command`` / ``offer`` / ``step_control``): which weights
+   are offered as the next candidate (:func:`next_offer`), whether a step's version is
+   gathered at all (not while a candidate is under test), and whether the judging step
+   offers its starting weights as soon as its verdict promotes (:func:`offer_on_promotion`).
 
 Samples of a rejected version are dropped wherever they turn up, counted as dropped for
 their version (``dropped_stale``) and, apart, as ``dropped_rejected``.
@@ -31,22 +37,27 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from services.config.weights import RolloutGateConfig
+from services.config.weights import REJECT_EXIT_CODE, RolloutGateConfig
 from services.protocol import DataProto
+from trainer_svc.intake import is_reward_failure, validate_experience
+from trainer_svc.promotion.base import PromotionPolicy
+from trainer_svc.promotion.judging import GAP_METRIC, JUDGE_KEY, judge
+from trainer_svc.staleness import Staleness
 
 logger = logging.getLogger("meshrl.trainer.canary")
 
-GAP_METRIC = "training/rollout_logprob_gap_mean"
-"""The step metric (``trainer_svc.worker.rollout_mismatch_metrics``) the gate's baseline reads."""
-
-META_KEY = "canary"
+META_KEY = JUDGE_KEY
 """``meta_info`` key of a batch that carries a candidate's samples to judge."""
+
+__all__ = ["Canary", "CanaryIntake", "META_KEY", "GAP_METRIC", "judge", "next_offer", "offer_on_promotion", "park_limit", "Tally"]
 
 
 def _mean(total: float, count: int) -> float:
@@ -101,7 +112,7 @@ class _Window:
         return out
 
 
-def sample_errors_and_scores(data: DataProto, is_reward_failure) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_errors_and_scores(data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
     """Per sample: a rollout error (no usable response), and the sequence score."""
     n = len(data)
     errs = data.non_tensor_batch.get("error") if data.non_tensor_batch is not None else None
@@ -122,38 +133,51 @@ class Candidate:
     judging: bool = False  # its groups went into a batch; the step decides
 
 
-class CanaryGate:
-    """Rank 0's side of the gate (module docstring): ``publisher`` is the trainer's
-    :class:`~trainer_svc.weights.publisher.WeightPublisher`."""
+class CanaryIntake(PromotionPolicy):
+    """The canary gate's state and its intake side (module docstring, 1-3): the candidate's
+    held samples and their tallies, parked groups, the judging batch, and the decision.
+    :class:`Canary` adds what the loop asks (4). ``publisher``: rank 0's
+    :class:`~trainer_svc.weights.publisher.WeightPublisher` (its ``rollout`` state, ``promote``,
+    ``reject``, ``latest_version``); None on the other ranks, which only judge and keep the
+    offered weights. ``max_staleness``: the trainer's :class:`Staleness` (or its bound);
+    ``park_limit``: :func:`park_limit`; ``window``: the feeder's admission bound in prompts
+    (``async.max_in_flight``; 0: unknown)."""
 
-    def __init__(self, cfg: RolloutGateConfig, publisher: Any, batch_samples: int, max_staleness: int = 1,
+    name = "canary"
+
+    def __init__(self, cfg: RolloutGateConfig, publisher: Any, batch_samples: int, max_staleness: int | Staleness = 1,
                  park_limit: int = 0, window: int = 0) -> None:
+        super().__init__(max_staleness)
         self.cfg = cfg
-        self.max_staleness = max_staleness
         self.park_limit = park_limit
         """Promoted versions' groups kept at most for a judging batch (see :meth:`park`)."""
         self.window = window
         """The feeder's admission bound in prompts (``async.max_in_flight``; 0: unknown)."""
         self.publisher = publisher
-        self.rollout = publisher.rollout
+        self.rollout = None if publisher is None else publisher.rollout
         self.needed = cfg.samples_to_decide(batch_samples)
         """Samples of a candidate to see before judging it (``promote_after_samples``)."""
         self.baseline = _Window(max(4 * self.needed, 64))
         self.candidate: Candidate | None = None
-        self.released: list[Any] = []  # held items whose version was decided: screen them again
+        self._released: list[Any] = []  # held items whose version was decided: screen them again
         self.last_gap: float | None = None  # the promoted rows' log-prob gap of the last step
         self.reference_gap: float | None = None
         """The promoted version's log-prob gap when it was judged at lag 0 (None: not known):
         what the next candidate judged at lag 0 is compared with (:func:`judge`)."""
         self.failed = ""  # on_reject=fail: why (the trainer stops)
+        self._offered_again = -1  # the version under which rejected weights were offered again (see offer)
 
-    # ------------------------------------------------------------------ intake
+    @property
+    def max_staleness(self) -> int:
+        return self.staleness.max_versions
+
+    # ------------------------------------------------------------------ intake (rank 0)
     def candidate_version(self) -> int | None:
         """The version under test (samples of it are held), None when there is none."""
         v = self.rollout.candidate
         if self.candidate is None or self.candidate.version != v:
             if self.candidate is not None:  # decided elsewhere (never in practice): screen its items again
-                self.released.extend(self.candidate.held.values())
+                self._released.extend(self.candidate.held.values())
             self.candidate = None if v is None else Candidate(v)
         return v
 
@@ -162,6 +186,28 @@ class CanaryGate:
         bad = list(self.rollout.rejected)
         return torch.isin(versions, torch.tensor(bad, dtype=versions.dtype)) if bad else torch.zeros_like(versions,
                                                                                                          dtype=torch.bool)
+
+    def screen(self, item: Any, data: DataProto, version: int) -> bool:
+        """Hold ``item`` when it has samples of the candidate under test (True); else note its
+        samples of promoted versions in the baseline, and park it for the judging batch when
+        the trainer (at ``version``) is to wait for the verdict (:meth:`park`)."""
+        candidate = self.candidate_version()
+        if self.is_held(item.id):  # our own held lease, idle past lease_idle_s, handed back
+            self.hold(item)
+            return True
+        try:
+            validate_experience(data)
+        except ValueError:
+            return False  # the intake's screen drops it, naming the column
+        versions = data.batch["policy_version"].long().reshape(len(data))
+        errors, scores = sample_errors_and_scores(data)
+        if candidate is not None and bool((versions == candidate).any()):
+            mine = versions == candidate
+            self.hold(item, errors[mine], scores[mine])
+            return True
+        ok = ~self.rejected(versions)
+        self.observe_promoted(errors[ok], scores[ok])
+        return candidate is not None and not bool((~ok).any()) and self.park(item, version)
 
     def hold(self, item: Any, errors: torch.Tensor | None = None, scores: torch.Tensor | None = None) -> None:
         """Keep ``item`` until the candidate is decided, tallying its candidate samples'
@@ -176,13 +222,13 @@ class CanaryGate:
     def park(self, item: Any, current_version: int) -> bool:
         """Keep ``item`` (samples of promoted or older versions) for the batch that judges the
         candidate, when another step before the verdict would make the promoted replicas'
-        samples too stale to train: the trainer is ``max_staleness`` versions past the
-        promoted version. Then the trainer waits for the canary instead of racing ahead and
-        dropping what every other replica makes. At most ``park_limit`` groups
-        (:func:`park_limit`), so the trainer can always fill a batch or finish the judging
-        one: past it the trainer steps on (True: parked)."""
+        samples too stale to train (:meth:`Staleness.at_limit`). Then the trainer waits for
+        the canary instead of racing ahead and dropping what every other replica makes. At
+        most ``park_limit`` groups (:func:`park_limit`), so the trainer can always fill a
+        batch or finish the judging one: past it the trainer steps on (True: parked)."""
         c = self.candidate
-        if c is None or current_version - self.rollout.promoted < self.max_staleness or len(c.parked) >= self.park_limit:
+        if (c is None or not self.staleness.at_limit(self.rollout.promoted, current_version)
+                or len(c.parked) >= self.park_limit):
             return False
         c.held[item.id] = item
         c.parked.add(item.id)
@@ -193,13 +239,6 @@ class CanaryGate:
         t = Tally()
         t.add(errors, scores)
         self.baseline.add(t)
-
-    def observe_step(self, metrics: dict[str, float]) -> None:
-        """A step without a candidate's rows (every row of promoted or older versions): its
-        log-prob gap is the baseline of a judging batch that has no promoted rows."""
-        gap = metrics.get(GAP_METRIC)
-        if gap is not None and math.isfinite(gap):
-            self.last_gap = gap
 
     def can_fill(self, batch_groups: int) -> bool:
         """Whether a judging batch may wait for a whole batch: the groups still held (not in
@@ -213,8 +252,12 @@ class CanaryGate:
         return self.candidate is not None and entry_id in self.candidate.held
 
     def ready(self) -> bool:
+        """Enough of the candidate's samples were seen to judge it (and it is not being judged)."""
         c = self.candidate
         return c is not None and not c.judging and c.tally.samples >= self.needed
+
+    def judging_due(self) -> bool:
+        return self.ready()
 
     def intake_verdict(self) -> tuple[list[str], dict[str, float]]:
         """The bounds the intake can check (error rate, reward): failed ones, and the figures."""
@@ -232,6 +275,16 @@ class CanaryGate:
             reasons.append(f"reward {m['reward']:.3f} vs promoted {m['promoted_reward']:.3f} "
                            f"(-{drop:.3f} > {self.cfg.max_reward_drop})")
         return reasons, {k: v for k, v in m.items() if math.isfinite(v)}
+
+    def start_judging(self, room: int) -> tuple[list[Any], dict[str, Any] | None, list[Any]]:
+        """Enough samples of the candidate were seen: reject it at once when its error rate
+        or reward is out of bounds (its held items are returned, to be dropped), else take
+        its held groups for the judging batch, whose step judges the log-prob gap."""
+        reasons, measurements = self.intake_verdict()
+        if reasons:
+            return [], None, self.reject_at_intake(reasons, measurements)
+        items, spec = self.take_for_judging(room)
+        return items, spec, []
 
     def take_for_judging(self, limit: int) -> tuple[list[Any], dict[str, Any]]:
         """Up to ``limit`` held items for the batch that judges the candidate, and the batch's
@@ -256,17 +309,20 @@ class CanaryGate:
         c = self.candidate
         assert c is not None
         items = [it for i, it in c.held.items() if i not in c.parked]
-        self.released.extend(it for i, it in c.held.items() if i in c.parked)
+        self._released.extend(it for i, it in c.held.items() if i in c.parked)
         c.held.clear()  # dropped by the caller, or released
         self.decide({"version": c.version, "promoted": False, "reason": "; ".join(reasons),
                      "measurements": measurements})
         return items
 
     def take_released(self) -> list[Any]:
-        out, self.released = self.released, []
+        out, self._released = self._released, []
         return out
 
-    # ------------------------------------------------------------------ after the step
+    def released(self) -> list[Any]:
+        return self.take_released()
+
+    # ------------------------------------------------------------------ the decision
     def decide(self, verdict: dict[str, Any]) -> None:
         """Tell the publisher (``verdict`` from :func:`judge` or the intake); a rejection's
         action follows ``on_reject`` (``self.failed`` / the publisher's pause)."""
@@ -284,24 +340,122 @@ class CanaryGate:
             if self.cfg.on_reject == "fail":
                 self.failed = f"v{version} rejected at the canary: {verdict['reason']}"
         if self.candidate is not None and self.candidate.version == version:
-            self.released.extend(self.candidate.held.values())
+            self._released.extend(self.candidate.held.values())
             self.candidate = None
 
+    def observe_step(self, metrics: dict[str, float]) -> None:
+        """A step without a candidate's rows (every row of promoted or older versions): its
+        log-prob gap is the baseline of a judging batch that has no promoted rows."""
+        gap = metrics.get(GAP_METRIC)
+        if gap is not None and math.isfinite(gap):
+            self.last_gap = gap
+
+    # ------------------------------------------------------------------ reporting (rank 0)
     @property
     def paused(self) -> str:
         """Why the rollout is paused after a rejection ("" when it is not)."""
         return self.rollout.paused
 
+    def held_samples(self) -> int:
+        c = self.candidate
+        return c.tally.samples if c else 0
+
     def state(self) -> dict[str, Any]:
         """For the trainer's ``/status``."""
-        c = self.candidate
-        return {**self.rollout.as_dict(), "held_samples": c.tally.samples if c else 0, "failed": self.failed}
+        return {**self.rollout.as_dict(), "held_samples": self.held_samples(), "failed": self.failed}
+
+class Canary(CanaryIntake):
+    """The canary gate as the trainer's promotion policy: :class:`CanaryIntake` and the
+    hooks the loop calls around it (what to offer, what a step publishes, what it reports)."""
+
+    name = "canary"
+
+    # ------------------------------------------------------------------ what next (rank 0)
+    def next_command(self, version: int) -> dict[str, Any] | None:
+        if self.failed:
+            logger.error("%s; stopping (weights.rollout.on_reject=fail)", self.failed)
+            return {"cmd": "stop", "checkpoint": True, "code": REJECT_EXIT_CODE}
+        return self.offer(version)
+
+    def offer(self, version: int) -> dict[str, Any] | None:
+        """The command that offers the trainer's current weights (at ``version``) as the next
+        candidate (:func:`next_offer`), or None when there is nothing to offer."""
+        if self.rollout is None:
+            return None
+        rollout = self.rollout
+        what = next_offer(rollout, version, self.publisher.latest_version, self._offered_again, self.staleness)
+        if what == "new":
+            return {"cmd": "publish"}
+        if what == "renumber":
+            logger.info("canary: v%d was held back (its number is taken); offering its weights as v%d",
+                        version, version + 1)
+            return {"cmd": "publish", "again": True}
+        if what == "again":
+            logger.warning("canary: v%d was rejected and v%d, %d versions behind, is promoted: no sample can be "
+                           "trained; offering the same weights again as v%d", version, rollout.promoted,
+                           version - rollout.promoted, version + 1)
+            self._offered_again = version + 1
+            return {"cmd": "publish", "again": True}
+        if what == "fail":
+            self.failed = (f"v{version}, the weights of the rejected v{version - 1} offered again, was rejected "
+                           f"too, and every promoted sample is too stale to train (promoted v{rollout.promoted}, "
+                           f"async.max_staleness {self.max_staleness})")
+            return {"cmd": "stop", "checkpoint": True, "code": REJECT_EXIT_CODE}
+        return None
+
+    def wait_resumed(self, version: int, heartbeat: Callable[[], None],
+                     should_stop: Callable[[], bool]) -> dict[str, Any] | None:
+        """The rollout is paused after a rejection: train nothing until it is resumed
+        (``meshrl canary RUN_DIR --resume``) or the trainer is stopped; then offer the current
+        weights (made after the rejected candidate) as the next candidate first -- the
+        promoted replicas' samples may all be too stale to step on."""
+        if self.rollout is None or not self.paused:
+            return None
+        logger.warning("canary: %s; training paused until resumed (meshrl canary <run_dir> --resume)", self.paused)
+        while self.paused and not should_stop():
+            heartbeat()
+            time.sleep(0.5)
+        if should_stop():
+            return None
+        logger.warning("canary: resumed; the next version is the next candidate")
+        return self.offer(version)
+
+    # ------------------------------------------------------------------ the step
+    def step_control(self, batch: DataProto, version: int) -> dict[str, Any]:
+        """The step's version goes to nobody while a candidate is under test: skip gathering
+        it; a judging step offers its starting weights as soon as its verdict promotes."""
+        if self.rollout is None:
+            return {}
+        judging = self.judges(batch)
+        out = {"publish": self.rollout.wants_next() or judging}
+        if judging and offer_on_promotion(self.rollout, version, self.publisher.latest_version):
+            out["offer_on_promotion"] = True
+        return out
+
+    def after_step(self, result: Any) -> None:
+        if result.verdict is None:
+            self.observe_step(result.metrics)
+
+    def on_publish(self, worker: Any, initial: bool) -> None:
+        """Every publish after the first offers a candidate: every rank keeps its shards of
+        those weights, to judge the candidate with them (``TrainerWorker.keep_offered``)."""
+        if not initial:
+            worker.keep_offered()
+
+    # ------------------------------------------------------------------ reporting (rank 0)
+    def status(self) -> dict[str, Any]:
+        return {"canary": None if self.rollout is None else self.state()}
+
+    def report(self, result: Any) -> dict[str, Any]:
+        """The verdict on a candidate, with its measurements, in the step's metrics line."""
+        return {} if result.verdict is None else {"canary": result.verdict}
 
 
 def park_limit(window: int, batch_groups: int, needed_groups: int) -> int:
     """How many promoted groups the intake may park for a judging batch, ``window`` being
-    the feeder's admission bound (``(async.max_staleness + 1) * data.train_batch_size``
-    prompts: held and parked groups are unfinished, so they count against it).
+    the feeder's admission bound (``async.max_in_flight``, by default
+    ``(async.max_staleness + 1) * data.train_batch_size`` prompts: held and parked groups
+    are unfinished, so they count against it).
 
     Progress needs one of two things: the candidate reaches ``needed_groups`` held groups
     (the judging batch closes), or the trainer fills a batch of ``batch_groups`` from what
@@ -314,7 +468,8 @@ def park_limit(window: int, batch_groups: int, needed_groups: int) -> int:
     return max(0, window - batch_groups - needed_groups)
 
 
-def next_offer(rollout: Any, version: int, published: int, offered_again: int, max_staleness: int) -> str | None:
+def next_offer(rollout: Any, version: int, published: int, offered_again: int,
+               max_staleness: int | Staleness) -> str | None:
     """What the trainer, at ``version``, offers the publisher's gate (``rollout``: its
     :class:`~trainer_svc.weights.promotion.RolloutState`; ``published``: the newest version
     number the publisher took, held back or not) when it could offer a candidate:
@@ -324,9 +479,9 @@ def next_offer(rollout: Any, version: int, published: int, offered_again: int, m
     * ``"renumber"``: the same, but their version number was taken by a publish that was
       held back (the step that judged a candidate publishes its own version, and a pause
       after the verdict holds it back): the weights go out under the next number;
-    * ``"again"``: its current weights *were* the candidate just rejected, and the promoted
-      version is more than ``max_staleness`` behind them, so no sample the promoted replicas
-      make is fresh enough to step on (the trainer would lease and drop for ever). The same
+    * ``"again"``: its current weights *were* the candidate just rejected, and no sample of
+      the promoted version is fresh enough to step on at ``version`` (``max_staleness``: the
+      trainer's :class:`Staleness`; the trainer would lease and drop for ever). The same
       weights go out again under the next version number; the rejected number stays
       rejected. What the gate catches is a fault in delivering or serving the weights, so a
       second delivery can pass;
@@ -339,7 +494,7 @@ def next_offer(rollout: Any, version: int, published: int, offered_again: int, m
     seen = max([rollout.promoted, -1 if rollout.candidate is None else rollout.candidate, *rollout.rejected])
     if version > seen:
         return "new" if version > published else "renumber"
-    if version in rollout.rejected and version - rollout.promoted > max_staleness:
+    if version in rollout.rejected and not Staleness.of(max_staleness).trainable(rollout.promoted, version):
         return "fail" if version == offered_again else "again"
     return None
 
@@ -357,52 +512,3 @@ def offer_on_promotion(rollout: Any, version: int, published: int) -> bool:
         return False
     seen = max([rollout.promoted, rollout.candidate, *rollout.rejected])
     return version > seen and version > published
-
-
-def judge(batch: DataProto, spec: dict[str, Any], current_version: int, max_staleness: int,
-          judged: tuple[torch.Tensor, int] | None = None) -> tuple[dict[str, Any], torch.Tensor]:
-    """The verdict on the candidate whose rows ``batch`` carries (``spec``:
-    ``meta_info[META_KEY]``), from the trainer's log-probs of its sampled tokens against the
-    replicas' ``rollout_log_probs``; and the bool mask of the rows to remove before the
-    update: every candidate row when it is rejected, else those too stale to train (the
-    intake kept them for judging). Pure: every rank reaches the same verdict.
-
-    ``judged``: ``(log_probs, lag)``, the log-probs to judge the candidate's rows with and
-    how many versions past the candidate the weights that made them were
-    (``TrainerWorker._candidate_log_probs``); None: the batch's ``old_log_probs``, made
-    ``current_version - version`` versions past it.
-
-    The candidate's mean gap ``|log p_trainer - log p_rollout|`` is compared with a
-    baseline: judged at lag 0, with the gap the promoted version had when it was judged at
-    lag 0 (``spec["reference_gap"]``: like with like, both how a replica served the weights
-    it was given); otherwise with the promoted rows' gap in this batch (the same weights
-    judge both, so the policy's own change cancels out as far as it can), or without such
-    rows the last step's (``spec["promoted_logprob_gap"]``)."""
-    b = batch.batch
-    version = int(spec["version"])
-    log_probs, lag = (b["old_log_probs"], current_version - version) if judged is None else judged
-    rows = b["policy_version"].long().reshape(-1) == version
-    mask = b["response_mask"].bool()
-    cand_tokens, promoted_tokens = mask & rows[:, None], mask & ~rows[:, None]
-    cand_gap = (log_probs.float() - b["rollout_log_probs"].float()).abs()
-    cand = float(cand_gap[cand_tokens].mean()) if bool(cand_tokens.any()) else 0.0
-    if bool(promoted_tokens.any()):
-        gap = (b["old_log_probs"].float() - b["rollout_log_probs"].float()).abs()
-        promoted = float(gap[promoted_tokens].mean())
-    else:  # no promoted rows in this batch: the last step's gap, else none (0)
-        promoted = float(spec.get("promoted_logprob_gap") or 0.0)
-    reference = spec.get("reference_gap") if lag == 0 else None
-    baseline = promoted if reference is None else float(reference)
-    bound = float(spec["max_logprob_gap_increase"])
-    m = {**spec.get("measurements", {}), "logprob_gap": cand, "promoted_logprob_gap": promoted,
-         "judged_lag": float(lag), "judged_samples": float(rows.sum())}
-    if reference is not None:
-        m["reference_logprob_gap"] = float(reference)
-    reason = ""
-    if not bool(cand_tokens.any()):  # nothing of the candidate to judge: never promote it unseen
-        reason = "no sampled token of the candidate reached the judging batch"
-    elif cand - baseline > bound:
-        against = "promoted" if reference is None else "the promoted version's own (lag 0)"
-        reason = f"logprob_gap {cand:.4f} vs {against} {baseline:.4f} (+{cand - baseline:.4f} > {bound})"
-    remove = rows if reason else rows & (current_version - version > max_staleness)
-    return {"version": version, "promoted": not reason, "reason": reason, "measurements": m}, remove
