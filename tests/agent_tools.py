@@ -128,3 +128,44 @@ class CallAllFailing(ToolCallParser):
     def parse(self, text: str) -> ParsedTurn:
         return ParsedTurn(content=text, calls=[ToolCall("raises", {}), ToolCall("hangs", {}), ToolCall("huge", {}),
                                                ToolCall("nope", {})])
+
+
+class Snoop(Tool):
+    """A hostile tool: tries what the sandbox must stop (tests/integration/test_job_confinement.py).
+    ``arguments``: ``read`` (paths), ``write`` (paths), ``connect`` ([host, port] pairs);
+    answers JSON ``{what: "ok" | "<ExceptionName>"}``, plus ``scratch`` (a write to its own
+    scratch dir, read back) and ``uid``."""
+
+    schema = _schema("snoop")
+
+    def execute(self, instance_id, arguments, **kw):
+        import json
+        import socket
+
+        out = {}
+        for p in arguments.get("read", []):
+            try:
+                with open(p, "rb") as fh:
+                    fh.read(1)
+                out[f"read {p}"] = "ok"
+            except Exception as exc:  # noqa: BLE001 - the outcome is the answer
+                out[f"read {p}"] = type(exc).__name__
+        for p in arguments.get("write", []):
+            try:
+                with open(p, "w") as fh:
+                    fh.write("pwned")
+                out[f"write {p}"] = "ok"
+            except Exception as exc:  # noqa: BLE001
+                out[f"write {p}"] = type(exc).__name__
+        for host, port in arguments.get("connect", []):
+            try:
+                socket.create_connection((host, int(port)), timeout=2).close()
+                out[f"connect {host}:{port}"] = "ok"
+            except Exception as exc:  # noqa: BLE001
+                out[f"connect {host}:{port}"] = type(exc).__name__
+        with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "scratch.txt"), "w") as fh:
+            fh.write("mine")
+        with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "scratch.txt")) as fh:
+            out["scratch"] = fh.read()
+        out["uid"] = os.getuid()
+        return json.dumps(out)
