@@ -5,6 +5,7 @@ Swagger UI / ReDoc served from the gateway itself, and no secret echoed."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import subprocess
@@ -237,7 +238,17 @@ def test_access_log_docs_assets_and_no_secret_echoed(tmp_path):
             js = c.get(asset)
             assert js.status_code == 200 and len(js.content) > 100_000
         assert c.get("/static/swagger-ui.css").status_code == 200
-        assert c.get("/static/../gateway.db").status_code == 404
+        # the raw path, as an attacker sends it: httpx would normalise "/static/../gateway.db" to "/gateway.db"
+        host, port = gw.http_url.rsplit("/", 1)[1].rsplit(":", 1)
+        for raw in ("/static/../gateway.db", "/static/%2e%2e/gateway.db", "/static/..%2fgateway.db",
+                    "/static/../../runs/gateway.db"):
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            conn.putrequest("GET", raw, skip_accept_encoding=True)
+            conn.endheaders()
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            assert resp.status == 404 and b"SQLite format" not in body, (raw, resp.status, body[:100])
         wrong = "wrong-token-value-xyz"
         r = c.get("/v1/jobs?limit=5", headers=auth(wrong))
         assert r.status_code == 401 and wrong not in r.text
