@@ -21,12 +21,16 @@ start's own job (``examples/quickstart.yaml`` as it is: 32 prompts x 16 samples 
 ``max_staleness: 1``, its actor settings) on two replicas instead of one; ``--batch``,
 ``--n``, ``--response`` and ``--staleness`` then default to the spec's values.
 
-The gate spends about two versions of the staleness budget (the promoted replica serves a
-version that trails the trainer by the promotion delay), so a job that gives it that budget,
-with the admission window held where it was, is run as (docs/weights.md, "Sizing the gate")::
-
-    python bench/canary.py --job quickstart --steps 40 --staleness 4 \
-        --set async.max_in_flight=64 --promote-after 64
+Canary mode sizes itself (docs/weights.md, "How the canary sizes itself"): the job's views
+give the trainer a staleness budget with two versions for the gate (the promoted replica
+serves a version that trails the trainer by the promotion delay), hold the admission window
+at what ``--staleness`` gives, and judge a candidate on four groups. So at its defaults the
+canary run already has the settings once given by hand (``--job quickstart``: a budget of 4,
+``async.max_in_flight=64``, ``promote_after_samples=64``); the sizes it ran with are printed
+after it (``sized:``, from the trainer's view). The flags still work and win where given:
+``--promote-after N``, ``--set async.max_in_flight=N``, ``--set weights.rollout.staleness_budget=N``
+(``--staleness`` is the user's ``async.max_staleness`` in both modes: canary mode adds its
+share to it).
 
 Throughput is trained samples per second from the end of the first step (start-up counts in
 neither mode). ``promote_delay_s`` is the median time from a candidate's publication to its
@@ -66,7 +70,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--staleness", type=int, default=None, help="async.max_staleness of both modes (toy: 3)")
     p.add_argument("--bad-candidate", type=int, default=3, help="which candidate the fault corrupts (0: none)")
     p.add_argument("--promote-after", type=int, default=None,
-                   help="weights.rollout.promote_after_samples (default: the config's, half a batch)")
+                   help="weights.rollout.promote_after_samples (default: as the views size it, four groups)")
     p.add_argument("--warm-steps", type=int, default=60, help="supervised warm-start steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -118,7 +122,17 @@ def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Nam
            "staleness_mean": statistics.fmean(h["staleness"] for h in hist)}
     if mode == "canary":
         out.update(gate_figures(run_dir, lines, args.bad_candidate))
+        out["sized"] = sized_settings(run_dir)
     return out
+
+
+def sized_settings(run_dir: Path) -> dict:
+    """What the canary run's trainer ran with, as the job's views sized it (its view file)."""
+    import yaml
+
+    view = yaml.safe_load((run_dir / "config" / "trainer.yaml").read_text())
+    return {"max_staleness": view["async"]["max_staleness"], "max_in_flight": view["async"]["max_in_flight"],
+            "promote_after_samples": view["weights"]["rollout"]["promote_after_samples"]}
 
 
 def gate_figures(run_dir: Path, lines: list[dict], bad_candidate: int) -> dict:
@@ -164,6 +178,9 @@ def main() -> int:
             print(f"       promotions={r['promotions']} delays_s={[round(d, 1) for d in r['promote_delays_s']]} "
                   f"bad_version=v{r['bad_version']} rejected_at_step={r['rejected_at_step']} "
                   f"rejections={r['rejections']}", flush=True)
+            print(f"       sized: trainer max_staleness={r['sized']['max_staleness']} "
+                  f"max_in_flight={r['sized']['max_in_flight']} "
+                  f"promote_after_samples={r['sized']['promote_after_samples']}", flush=True)
     (work / "results.json").write_text(json.dumps(results, indent=1))
     if "all" not in results or "canary" not in results:
         print(f"results in {work / 'results.json'} (need both modes for the ratio line)")
