@@ -3,7 +3,7 @@
 # network (bench/gpu_check.py says what runs). Bring along, beside the checkout:
 #   .whl/        wheels of what that machine lacks, for its Python (pydantic, pydantic-core,
 #                annotated-types, typing-inspection, typing-extensions, tensordict, pyvers,
-#                grpcio and protobuf at least the stubs' versions); docs/gpu.md gives the command
+#                grpcio and protobuf at least the stubs' versions); docs/trainer.md ("On a GPU") gives the command
 #   services/pb/ the generated gRPC stubs (scripts/gen_proto.py writes them at install)
 # Usage: bash scripts/gpu_check.sh [OUT_DIR] [--only SECTIONS]
 set -euo pipefail
