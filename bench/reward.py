@@ -37,6 +37,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--get-batch", type=int, default=16, help="groups each service process leases per get")
     p.add_argument("--distinct", type=int, default=1000, help="distinct response texts (default 1000)")
     p.add_argument("--small", action="store_true", help="5000 samples: a quick smoke run")
+    p.add_argument("--user-fn", action="store_true",
+                   help="score with a user reward function file (the built-in scorer behind it), so every sample "
+                   "goes through the sandbox (bubblewrap where it runs; docs/security.md)")
     return p.parse_args()
 
 
@@ -210,6 +213,10 @@ async def service_run(frames: list, tok_dir: str, work, args) -> tuple[float, li
             "resources": {"grpc_port": None},
             "queues": qcfg.model_dump(mode="json"),
         }
+        if args.user_fn:
+            fn = work / "user_reward.py"
+            fn.write_text("from reward_svc.scorers import default_compute_score as compute_score\n")
+            cfg["reward"]["custom_reward_function"] = {"path": str(fn), "name": "compute_score"}
         (work / "reward.yaml").write_text(yaml.safe_dump(cfg))
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for k in range(args.procs):
