@@ -471,7 +471,7 @@ def park_limit(window: int, batch_groups: int, needed_groups: int) -> int:
 def next_offer(rollout: Any, version: int, published: int, offered_again: int,
                max_staleness: int | Staleness) -> str | None:
     """What the trainer, at ``version``, offers the publisher's gate (``rollout``: its
-    :class:`~trainer_svc.weights.promotion.RolloutState`; ``published``: the newest version
+    :class:`~trainer_svc.weights.rollout_state.RolloutState`; ``published``: the newest version
     number the publisher took, held back or not) when it could offer a candidate:
 
     * ``"new"``: its current weights never reached the gate (weights made while a candidate
