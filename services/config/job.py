@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from services.config.base import StrictModel
+from services.config.lora import ALL_LINEAR, static_problems
 from services.config.loader import (
     ConfigError,
     apply_overrides,
@@ -81,9 +82,39 @@ class ModelConfig(StrictModel):
         "float16 cannot be trained (no loss scaling): train in bfloat16/float32 and set rollout.dtype=float16",
     )
 
+    lora_rank: int = Field(
+        0, ge=0, le=4096,
+        description="LoRA rank (verl's model.lora_rank): > 0 trains a PEFT LoRA adapter on target_modules with the "
+        "base weights frozen, and only the adapter travels to the replicas, which serve it with vLLM's LoRA; "
+        "0 = full fine-tuning (docs/lora.md)",
+    )
+    lora_alpha: float = Field(16.0, gt=0, le=1e6, description="LoRA scaling numerator: the update is alpha/rank * B @ A")
+    target_modules: str | list[str] = Field(
+        ALL_LINEAR,
+        description="modules that carry the adapter: 'all-linear' (every linear layer of the decoder blocks, "
+        "not the LM head) or a list of names such as [q_proj, v_proj]",
+    )
+    lora_adapter_path: str | None = Field(
+        None, description="start from this PEFT adapter directory (adapter_config.json + weights) instead of a "
+        "fresh adapter; its rank, alpha and targets must match the keys above",
+    )
+
+    @model_validator(mode="after")
+    def _lora_ok(self) -> "ModelConfig":
+        problems = static_problems(self.lora_rank, self.lora_alpha, self.target_modules, self.lora_adapter_path)
+        if problems:  # (reported under "model:" already)
+            raise ValueError("; ".join(p.removeprefix("model.") for p in problems))
+        return self
+
+    @property
+    def lora(self) -> bool:
+        """True when the job trains a LoRA adapter (``lora_rank > 0``)."""
+        return self.lora_rank > 0
+
     def resolve_paths(self, base: Path) -> None:
         self.path = resolve_path(self.path, base) or self.path
         self.tokenizer_path = resolve_path(self.tokenizer_path, base)
+        self.lora_adapter_path = resolve_path(self.lora_adapter_path, base)
 
     @property
     def tokenizer(self) -> str:

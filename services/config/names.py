@@ -13,7 +13,8 @@ spec itself validated, so a typo such as
 Checked: ``algorithm.adv_estimator``, ``actor.policy_loss.loss_mode``, the data sources of
 ``data.train_files``/``data.val_files`` when no custom reward function or reward model
 scores them, ``rollout.multi_turn.format`` and each ``rollout.multi_turn.tools[].class_name``
-(module found without importing it), ``trainer.logger``.
+(module found without importing it), ``trainer.logger``, and the LoRA keys against the model's
+``config.json`` and the starting adapter's ``adapter_config.json`` (``services.config.lora``).
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ def logger_problems(spec: Any) -> list[str]:
 def name_problems(spec: Any) -> list[str]:
     """Every unknown registry name in ``spec`` (a validated job spec), one line each."""
     out: list[str] = []
-    for check in (algorithm_problems, scorer_problems, tool_problems, logger_problems):
+    from services.config.lora import lora_problems
+
+    for check in (algorithm_problems, scorer_problems, tool_problems, logger_problems, lora_problems):
         out += check(spec)
     return out
