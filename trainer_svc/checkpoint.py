@@ -3,7 +3,7 @@
 Layout under ``trainer.default_local_dir``::
 
     global_step_<N>/            # one complete checkpoint (renamed into place when done)
-        model/ ...              # DCP: sharded model + optimizer state (actor, critic)
+        model/ ...              # DCP: sharded model + optimizer state (actor, critic; a LoRA actor: adapter only)
         state.json              # step, policy version, lr schedules, KL controller, intake cursor
         rng_rank<r>.pt          # torch RNG state of rank r (a uint8 tensor; loaded weights_only)
     latest_checkpointed_iteration.txt   # N of the newest complete checkpoint (verl's name)
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainer_svc.fsdp import DistContext
 
@@ -44,6 +44,21 @@ def _models(worker: Any) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimiz
     if getattr(worker, "critic", None) is not None:
         out["critic"] = (worker.critic.module, worker.critic_optimizer)
     return out
+
+
+def _lora(worker: Any) -> dict[str, Any] | None:
+    """The actor's LoRA settings (rank, alpha, targets) when it trains an adapter, else None."""
+    m = getattr(getattr(worker, "spec", None), "model", None)
+    if m is None or not getattr(m, "lora", False):
+        return None
+    return {"rank": m.lora_rank, "alpha": m.lora_alpha, "target_modules": m.target_modules}
+
+
+def _options(worker: Any, name: str) -> StateDictOptions | None:
+    """With LoRA the actor's checkpoint holds the adapter and its optimizer state only: the
+    frozen base is the starting model, loaded from ``model.path`` again on resume (so loading
+    is not strict about the base's keys; a missing adapter key still fails in ``dcp.load``)."""
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if name == "actor" and _lora(worker) else None
 
 
 def _schedulers(worker: Any) -> dict[str, Any]:
@@ -91,7 +106,7 @@ class CheckpointManager:
         dist.barrier(group=self.ctx.cpu_group)
         state: dict[str, Any] = {}
         for name, (model, opt) in _models(worker).items():
-            msd, osd = get_state_dict(model, opt)
+            msd, osd = get_state_dict(model, opt, options=_options(worker, name))
             state[name] = {"model": msd, "optim": osd}
         dcp.save(state, checkpoint_id=str(tmp / "model"), process_group=self.ctx.cpu_group)
         torch.save(torch.get_rng_state(), tmp / f"rng_rank{self.ctx.rank}.pt")
@@ -102,6 +117,7 @@ class CheckpointManager:
                 "world_size": self.ctx.world_size,
                 "schedulers": {k: _sched_state(s) for k, s in _schedulers(worker).items()},
                 "kl_ctrl": float(worker.kl_ctrl.value) if worker.kl_ctrl is not None else None,
+                "lora": _lora(worker),
                 "extra": extra,
             }
             (tmp / "state.json").write_text(json.dumps(meta, indent=1))
@@ -137,14 +153,19 @@ class CheckpointManager:
                 "checkpoint written by %d ranks, loading into %d (DCP reshards; RNG of rank 0 reused)",
                 meta["world_size"], self.ctx.world_size,
             )
+        if meta.get("lora") != _lora(worker):
+            raise CheckpointError(f"checkpoint {path} was written with LoRA {meta.get('lora')}, this job has "
+                                  f"{_lora(worker)} (model.lora_*): resume with the same adapter settings, or "
+                                  "start elsewhere (trainer.default_local_dir)")
         models = _models(worker)
         state: dict[str, Any] = {}
         for name, (model, opt) in models.items():
-            msd, osd = get_state_dict(model, opt)
+            msd, osd = get_state_dict(model, opt, options=_options(worker, name))
             state[name] = {"model": msd, "optim": osd}
         dcp.load(state, checkpoint_id=str(path / "model"), process_group=self.ctx.cpu_group)
         for name, (model, opt) in models.items():
-            set_state_dict(model, opt, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"])
+            set_state_dict(model, opt, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"],
+                           options=_options(worker, name))
         for name, sched in _schedulers(worker).items():
             saved = meta["schedulers"].get(name)
             if saved is None:

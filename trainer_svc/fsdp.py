@@ -71,7 +71,10 @@ def init_distributed(device: str = "cpu", timeout_s: float = 300.0) -> DistConte
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of a HuggingFace decoder-only model (``model.model.layers``)."""
+    """The transformer blocks of a HuggingFace decoder-only model (``model.model.layers``;
+    under a PEFT LoRA wrapper, those of the model it wraps)."""
+    if callable(getattr(type(model), "get_base_model", None)):  # a PeftModel (trainer_svc/lora.py)
+        model = model.get_base_model()
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     if layers is None:

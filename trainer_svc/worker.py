@@ -32,6 +32,7 @@ from trainer_svc.critic import DataParallelPPOCritic
 from trainer_svc.experience import compute_advantage
 from trainer_svc.fsdp import (DistContext, ShardCopy, build_optimizer, iter_full_params, load_causal_lm, load_value_model,
                               shard_model, swapped_params)
+from trainer_svc.lora import adapter_disabled, apply_lora, iter_adapter_tensors
 from trainer_svc.promotion.base import PromotionPolicy
 from trainer_svc.ref import ReferencePolicy
 
@@ -98,6 +99,8 @@ class TrainerWorker:
         model = load_causal_lm(spec.model.path, spec.model.dtype, device=ctx.device)
         if a.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if spec.model.lora:  # a PEFT adapter, base frozen: the optimizer below holds only the adapter
+            model = apply_lora(model, spec.model)
         reshard, mp = a.fsdp_config.reshard_after_forward, a.fsdp_config.mixed_precision
         self.model = shard_model(model, ctx.mesh, reshard_after_forward=reshard, mixed_precision=mp)
         # As in verl, the schedule advances once per training step (policy version).
@@ -111,7 +114,10 @@ class TrainerWorker:
             off_policy=spec.algorithm.off_policy,
         )
         self.ref: ReferencePolicy | None = None
-        if spec.use_ref:
+        if spec.use_ref and spec.model.lora:  # the base policy is the actor with its adapter off
+            self.ref = ReferencePolicy(self.model, a, spec.ref, group=ctx.cpu_group,
+                                       adapter_off=lambda: adapter_disabled(self.model))
+        elif spec.use_ref:
             # forward-only: always free gathered parameters after each layer
             ref_model = shard_model(load_causal_lm(spec.model.path, spec.model.dtype, device=ctx.device), ctx.mesh,
                                     mixed_precision=mp)
@@ -295,5 +301,8 @@ class TrainerWorker:
 
     def full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor)`` per parameter, gathered one at a time. Collective:
-        every rank must drain it (rank 0 feeds the publisher, the others discard)."""
+        every rank must drain it (rank 0 feeds the publisher, the others discard). With LoRA,
+        the adapter's tensors only, by PEFT's saved names (what the replicas load)."""
+        if self.spec.model.lora:
+            return iter_adapter_tensors(self.model)
         return iter_full_params(self.model)
