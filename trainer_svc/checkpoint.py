@@ -61,6 +61,18 @@ def _options(worker: Any, name: str) -> StateDictOptions | None:
     return StateDictOptions(ignore_frozen_params=True, strict=False) if name == "actor" and _lora(worker) else None
 
 
+def _state(worker: Any, name: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """``{"model": ..., "optim": ...}`` of one model as DCP saves and loads it. With LoRA the
+    frozen base is left out, tied aliases of it (a tied ``lm_head``, which
+    ``ignore_frozen_params`` keeps: it looks only at de-duplicated names) included."""
+    options = _options(worker, name)
+    msd, osd = get_state_dict(model, opt, options=options)
+    if options is not None:
+        frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        msd = {k: v for k, v in msd.items() if k not in frozen}
+    return {"model": msd, "optim": osd}
+
+
 def _schedulers(worker: Any) -> dict[str, Any]:
     out = {"actor": worker.lr_scheduler}
     if getattr(worker, "critic_scheduler", None) is not None:
@@ -106,8 +118,7 @@ class CheckpointManager:
         dist.barrier(group=self.ctx.cpu_group)
         state: dict[str, Any] = {}
         for name, (model, opt) in _models(worker).items():
-            msd, osd = get_state_dict(model, opt, options=_options(worker, name))
-            state[name] = {"model": msd, "optim": osd}
+            state[name] = _state(worker, name, model, opt)
         dcp.save(state, checkpoint_id=str(tmp / "model"), process_group=self.ctx.cpu_group)
         torch.save(torch.get_rng_state(), tmp / f"rng_rank{self.ctx.rank}.pt")
         if self.ctx.rank == 0:
@@ -160,8 +171,7 @@ class CheckpointManager:
         models = _models(worker)
         state: dict[str, Any] = {}
         for name, (model, opt) in models.items():
-            msd, osd = get_state_dict(model, opt, options=_options(worker, name))
-            state[name] = {"model": msd, "optim": osd}
+            state[name] = _state(worker, name, model, opt)
         dcp.load(state, checkpoint_id=str(path / "model"), process_group=self.ctx.cpu_group)
         for name, (model, opt) in models.items():
             set_state_dict(model, opt, model_state_dict=state[name]["model"], optim_state_dict=state[name]["optim"],

@@ -127,10 +127,13 @@ def read_actor_weights(step_dir: Path) -> dict[str, Any]:
 
 
 def export_hf(src: str | Path, out: str | Path, *, model_dir: str | Path | None = None,
-              tokenizer_dir: str | Path | None = None, dtype: str | None = None, overwrite: bool = False) -> Path:
+              tokenizer_dir: str | Path | None = None, dtype: str | None = None, overwrite: bool = False,
+              merged: bool = False) -> Path:
     """Write the HF model directory ``out`` from the checkpoint under ``src`` (see module doc).
     ``tokenizer_dir``: where the tokenizer files are, when not beside the base model's config.
-    ``dtype``: cast floating weights to float32/bfloat16/float16 (default: keep the trainer's)."""
+    ``dtype``: cast floating weights to float32/bfloat16/float16 (default: keep the trainer's).
+    A LoRA checkpoint (``model.lora_rank > 0``) becomes a PEFT adapter directory, or with
+    ``merged`` the base model with the adapter merged in (a plain HF model directory)."""
     import torch
     import transformers
 
@@ -141,6 +144,11 @@ def export_hf(src: str | Path, out: str | Path, *, model_dir: str | Path | None 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"{out} exists and is not empty (choose another directory, or --overwrite)")
     weights = read_actor_weights(found.step_dir)
+    state = json.loads((found.step_dir / "state.json").read_text())
+    if state.get("lora"):
+        return _export_lora(found, out, state, weights, merged=merged, dtype=dtype)
+    if merged:
+        raise ExportError(f"{found.step_dir} is a full fine-tuning checkpoint: --merged applies to LoRA adapters only")
     if dtype is not None:
         cast = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
         if cast is None:
@@ -166,9 +174,21 @@ def export_hf(src: str | Path, out: str | Path, *, model_dir: str | Path | None 
         raise ExportError(f"checkpoint {found.step_dir} does not match the model in {found.model_dir}: "
                           f"missing {missing[:5]}, unexpected {list(unexpected)[:5]} (pass --model the base model)")
     model.config.dtype = wdtype
+    return _write_model_dir(model, found, out, state)
+
+
+def _write_model_dir(model: Any, found: Located, out: Path, state: dict, adapter: Path | None = None) -> Path:
+    """``model`` saved as a Hugging Face directory ``out`` (generation config, tokenizer,
+    ``meshrl_export.json``), written beside it and renamed into place. ``adapter``: a PEFT
+    adapter directory to copy in instead of a model (``model`` None)."""
+    import transformers
+
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    if adapter is not None:
+        shutil.copytree(adapter, tmp)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
     gen = found.model_dir / "generation_config.json"
     if gen.is_file():
         shutil.copy2(gen, tmp / "generation_config.json")
@@ -178,12 +198,54 @@ def export_hf(src: str | Path, out: str | Path, *, model_dir: str | Path | None 
     if not copied:  # a tokenizer that only exists as code/remote files: let transformers write it
         tok = transformers.AutoTokenizer.from_pretrained(found.tokenizer_dir, trust_remote_code=found.trust_remote_code)
         tok.save_pretrained(tmp)
-    state = json.loads((found.step_dir / "state.json").read_text())
     (tmp / "meshrl_export.json").write_text(json.dumps(
         {"checkpoint": str(found.step_dir), "step": state.get("step"), "policy_version": state.get("version"),
-         "base_model": str(found.model_dir)}, indent=1))
+         "base_model": str(found.model_dir), "lora": state.get("lora"),
+         "contents": "peft_adapter" if adapter is not None else "model"}, indent=1))
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
     log.info("exported %s (step %s) to %s", found.step_dir, state.get("step"), out)
     return out
+
+
+def _export_lora(found: Located, out: Path, state: dict, weights: dict[str, Any], *, merged: bool,
+                 dtype: str | None) -> Path:
+    """A LoRA checkpoint's adapter as a PEFT directory (``adapter_config.json``,
+    ``adapter_model.safetensors``, the tokenizer), or merged into the base model."""
+    import tempfile
+
+    import torch
+    import transformers
+    from peft import LoraConfig, PeftModel
+    from safetensors.torch import save_file
+
+    adapter = {k.replace(".default.", "."): v for k, v in weights.items() if ".lora_A." in k or ".lora_B." in k}
+    if not adapter:
+        raise ExportError(f"{found.step_dir}: state.json says LoRA, but the checkpoint holds no lora_A/lora_B tensors")
+    lora = state["lora"]
+    targets = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in adapter})
+    config = LoraConfig(r=int(lora["rank"]), lora_alpha=float(lora["alpha"]), target_modules=targets,
+                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                        base_model_name_or_path=str(found.model_dir))
+    cast = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype or "")
+    with tempfile.TemporaryDirectory(prefix="meshrl-adapter-") as tmpdir:
+        adir = Path(tmpdir) / "adapter"
+        adir.mkdir()
+        config.save_pretrained(str(adir))
+        save_file({k: (v.to(cast) if cast is not None else v).contiguous() for k, v in adapter.items()},
+                  str(adir / "adapter_model.safetensors"))
+        if not merged:
+            path = _write_model_dir(None, found, out, state, adapter=adir)
+            log.info("exported the LoRA adapter of %s (step %s) to %s", found.step_dir, state.get("step"), out)
+            return path
+        wdtype = next(iter(adapter.values())).dtype if cast is None else cast
+        hf_log = transformers.utils.logging
+        hf_log.disable_progress_bar()
+        base = transformers.AutoModelForCausalLM.from_pretrained(found.model_dir, dtype=wdtype,
+                                                                 trust_remote_code=found.trust_remote_code)
+        model = PeftModel.from_pretrained(base, str(adir), autocast_adapter_dtype=False).merge_and_unload()
+        model.config.dtype = wdtype
+        path = _write_model_dir(model, found, out, state)
+    log.info("exported %s (step %s) with its LoRA adapter merged to %s", found.step_dir, state.get("step"), out)
+    return path

@@ -264,11 +264,12 @@ class TrainerService:
             for _ in it:
                 pass
             return
-        counted = {"bytes": 0}
+        counted = {"bytes": 0, "tensors": 0}
 
         def counting():
             for name, t in it:
                 counted["bytes"] += t.numel() * t.element_size()
+                counted["tensors"] += 1
                 yield name, t
 
         gen = counting()
@@ -282,6 +283,8 @@ class TrainerService:
         finally:
             for _ in gen:  # drain: the other ranks are inside the same all-gathers
                 pass
+        logger.info("weights v%d: published %d tensors, %d bytes (%s)", self.worker.version, counted["tensors"],
+                    counted["bytes"], "LoRA adapter" if self.spec.model.lora else "full weights")
         if self.metrics is not None and not initial:
             self.metrics.weight_bytes.inc(counted["bytes"])
             self.metrics.weight_seconds.set(time.perf_counter() - t0)

@@ -125,8 +125,48 @@ def test_checkpoint_holds_the_adapter_and_resume_is_exact(runs):
     keys = list(FileSystemReader(str(step / "model")).read_metadata().state_dict_metadata)
     model_keys = [k for k in keys if k.startswith("actor.model.")]
     assert any(".lora_A." in k for k in model_keys) and any(".lora_B." in k for k in model_keys)
-    base = [k for k in model_keys if "base_layer" in k or "embed_tokens" in k or k.endswith("norm.weight")]
-    assert not base, base[:5]
+    base = [k for k in model_keys if ".lora_A." not in k and ".lora_B." not in k and "rotary_emb" not in k]
+    assert not base, base[:5]  # (the tiny model's tied lm_head among them: frozen too)
     assert any(k.startswith("actor.optim.state.") and "exp_avg" in k for k in keys)
     state = json.loads((step / "state.json").read_text())
     assert state["lora"] == {"rank": 8, "alpha": 16.0, "target_modules": "all-linear"}
+
+
+def test_export_writes_a_peft_adapter_and_a_merged_model(runs, tiny_model, tmp_path):
+    """``meshrl export`` of the LoRA checkpoint: the PEFT adapter directory loads with peft over
+    the base model, ``--merged`` a plain transformers model; both give the trainer's log-probs."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from trainer_svc.actor import forward_log_probs
+    from trainer_svc.hf_export import export_hf
+
+    _, published, probe = runs["first"]  # the policy the checkpoint of step 1 holds
+    batch = {k: probe[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
+    m = probe["mask"]
+
+    adapter_dir = export_hf(runs["ckpt"], tmp_path / "adapter", model_dir=tiny_model)
+    assert (adapter_dir / "adapter_config.json").is_file() and not (adapter_dir / "model.safetensors").exists()
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert (cfg["r"], cfg["lora_alpha"], cfg["peft_type"]) == (8, 16.0, "LORA")
+    assert sorted(cfg["target_modules"]) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj",
+                                             "v_proj"]
+    from safetensors.torch import load_file
+
+    exported = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    assert set(exported) == set(published)
+    for name in published:
+        assert torch.equal(exported[name], published[name]), name
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+    with torch.no_grad():
+        _, lp = forward_log_probs(peft_model, batch, 1.0, False)
+    assert (lp - probe["actor"])[m].abs().max() < 1e-5
+
+    merged_dir = export_hf(runs["ckpt"], tmp_path / "merged", model_dir=tiny_model, merged=True)
+    assert (merged_dir / "model.safetensors").is_file() and not (merged_dir / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(str(merged_dir), dtype=torch.float32).eval()
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    with torch.no_grad():
+        _, lp = forward_log_probs(merged, batch, 1.0, False)
+    assert (lp - probe["actor"])[m].abs().max() < 1e-4

@@ -83,9 +83,9 @@ async def _put(url: str, namespace: str, first: int, count: int, vocab: int) -> 
     await q.close()
 
 
-def _config(tmp: Path, model: str, url: str, namespace: str) -> Path:
+def _config(tmp: Path, model: str, url: str, namespace: str, lora: bool = False) -> Path:
     spec = {
-        "model": {"path": model},
+        "model": {"path": model, **({"lora_rank": 8, "lora_alpha": 16} if lora else {})},
         "data": {"train_batch_size": N_PER_STEP},
         "rollout": {"n": 2},
         "async": {"max_staleness": 10},
@@ -100,7 +100,10 @@ def _config(tmp: Path, model: str, url: str, namespace: str) -> Path:
     return path
 
 
-async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_model, redis_server, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_model, redis_server, tmp_path, lora):
+    """Full fine-tuning, and a LoRA adapter (model.lora_rank): then the checkpoint, the
+    published versions and the snapshot a rejoining replica fetches are the adapter alone."""
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(tiny_model).vocab_size
@@ -109,8 +112,9 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     # A: uninterrupted, three steps.
     a = tmp_path / "a"
     a.mkdir()
-    await _put(url, "a", 0, 3 * N_PER_STEP, vocab)
-    run = Trainer(_config(a, tiny_model, url, "a"), "trainer.total_steps=3")
+    ns = "lora-" if lora else ""
+    await _put(url, f"{ns}a", 0, 3 * N_PER_STEP, vocab)
+    run = Trainer(_config(a, tiny_model, url, f"{ns}a", lora), "trainer.total_steps=3")
     assert run.wait() == 0, "".join(run.lines[-40:])
     steps_a = _steps(a / "steps.jsonl")
     assert [s["version"] for s in steps_a] == [1, 2, 3]
@@ -118,8 +122,8 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     # B1: two steps with a checkpoint after each, then SIGKILL while waiting for data.
     b = tmp_path / "b"
     b.mkdir()
-    cfg_b = _config(b, tiny_model, url, "b")
-    await _put(url, "b", 0, 2 * N_PER_STEP, vocab)
+    cfg_b = _config(b, tiny_model, url, f"{ns}b", lora)
+    await _put(url, f"{ns}b", 0, 2 * N_PER_STEP, vocab)
     run = Trainer(cfg_b, "trainer.total_steps=4", "trainer.save_freq=1")
     latest = b / "ckpt" / "latest_checkpointed_iteration.txt"
     # (a step's metrics line is written after its checkpoint: it carries the checkpoint's time)
@@ -141,7 +145,7 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
         assert "meshrl_trainer_policy_version 2.0" in r.read().decode()
     probe = Probe(weights_addr)
     probe.wait_event(lambda e: e["event"] == "welcome")
-    await _put(url, "b", 2 * N_PER_STEP, N_PER_STEP, vocab)
+    await _put(url, f"{ns}b", 2 * N_PER_STEP, N_PER_STEP, vocab)
     run.wait_for(lambda: len(_steps(b / "steps.jsonl")) >= 3, "resumed step 3")
     step3 = _steps(b / "steps.jsonl")[2]
     assert step3["step"] == 3 and step3["version"] == 3
@@ -160,6 +164,13 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
                  "meshrl_trainer_grad_norm", "meshrl_trainer_idle_ratio", "meshrl_trainer_dropped_stale_samples_total"):
         assert name in text, name
 
+    # a replica that joins now catches up from the publisher's snapshot: version 3
+    late = Probe(weights_addr, "r1", "--snapshot-first")
+    caught_up = late.wait_event(lambda e: e["event"] == "snapshot" and e["version"] == 3)
+    assert late.proc.wait(timeout=30) == 0
+    published = next(line for line in run.lines if "weights v3: published" in line)
+    assert ("(LoRA adapter)" if lora else "(full weights)") in published, published
+
     # SIGTERM while waiting for step 4's data: checkpoint of step 3, clean exit.
     run.kill_tree(signal.SIGTERM)
     assert run.wait() == 0, "".join(run.lines[-40:])
@@ -173,8 +184,14 @@ async def test_kill_resume_reproduces_next_step_and_sigterm_checkpoints(tiny_mod
     saved = _checkpoint_params(b / "ckpt" / "global_step_3" / "model", tmp_path / "full.pt")
     from rollout_svc.weights.probe import tensor_digest
 
+    assert caught_up["digest"] == got["digest"]
+    if lora:  # the adapter alone, by PEFT's saved names (the checkpoint's carry PEFT's adapter name)
+        saved = {k.replace(".default.", "."): v for k, v in saved.items()}
+        assert set(got["digest"]) == set(saved)
+        assert all(".lora_A." in k or ".lora_B." in k for k in saved)
+        assert "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight" in got["digest"]
     assert set(got["digest"]) <= set(saved), set(got["digest"]) - set(saved)
-    assert "model.layers.0.self_attn.q_proj.weight" in got["digest"]
+    assert lora or "model.layers.0.self_attn.q_proj.weight" in got["digest"]
     for name, digest in got["digest"].items():
         assert tensor_digest(saved[name]) == digest, name
 
@@ -202,9 +219,9 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 class Probe:
     """A real weight receiver process (``python -m rollout_svc.weights.probe``), until version 3."""
 
-    def __init__(self, address: str) -> None:
-        cmd = [sys.executable, "-m", "rollout_svc.weights.probe", "--address", address, "--replica-id", "r0",
-               "--until-version", "3", "--timeout", "30", "--catch-up"]
+    def __init__(self, address: str, replica_id: str = "r0", *extra: str) -> None:
+        cmd = [sys.executable, "-m", "rollout_svc.weights.probe", "--address", address, "--replica-id", replica_id,
+               "--until-version", "3", "--timeout", "30", "--catch-up", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         self.events: list[dict] = []
         threading.Thread(target=self._read, daemon=True).start()
