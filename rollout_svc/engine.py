@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from rollout_svc.engine_weights import EngineWeights
+from rollout_svc.lora import LoraServing
 from rollout_svc.packing import Sample
 from rollout_svc.weight_check import WeightManifest
 from services.config.rollout import RolloutConfig, SamplingConfig
@@ -63,6 +64,7 @@ class RolloutEngine:
         initial_version: policy version of the weights loaded at start.
         tokenizer: tokenizer directory when it differs from ``model``.
         trust_remote_code: let vLLM run the checkpoint's own modelling code.
+        lora: serve the job's LoRA adapter (rollout_svc/lora.py): every version is the adapter's tensors.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class RolloutEngine:
         initial_version: int = 0,
         tokenizer: str | None = None,
         trust_remote_code: bool = False,
+        lora: LoraServing | None = None,
     ) -> None:
         if cfg.prompt_length is None or cfg.response_length is None:
             raise ValueError("RolloutEngine needs cfg.prompt_length and cfg.response_length resolved")
@@ -102,6 +105,9 @@ class RolloutEngine:
         self.last_load: dict = {}  # the worker's report of the last load (bytes, seconds, error)
         self.weights = EngineWeights(self)
         """Weight swaps and the worker's weight channel (rollout_svc/engine_weights.py)."""
+        self.lora = lora
+        """The job's LoRA adapter, served on every request (rollout_svc/lora.py); None: full weights."""
+        self.lora_request = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -141,6 +147,7 @@ class RolloutEngine:
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            **(self.lora.engine_args() if self.lora is not None else {}),
             **extra,
         )
 
@@ -167,6 +174,8 @@ class RolloutEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         def build():
+            if self.lora is not None:
+                self.lora.prepare(self.model, self.trust_remote_code)
             return AsyncLLM.from_engine_args(self.engine_args())
 
         self.llm = await asyncio.wait_for(asyncio.to_thread(build), timeout=self.cfg.engine_startup_timeout_s)
@@ -182,6 +191,10 @@ class RolloutEngine:
         self.eos_token_ids = sorted(eos)
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_token_ids[0]
         self.manifest = WeightManifest.from_model(self.model, tied=bool(getattr(mc.hf_config, "tie_word_embeddings", False)))
+        if self.lora is not None:  # versions are the adapter's tensors
+            self.manifest = self.lora.manifest()
+            self.lora_request = self.lora.request()
+            await self.llm.collective_rpc("meshrl_lora_setup", args=(self.lora.adapter_dir,))
 
     def served_dtype(self) -> str:
         """The dtype vLLM actually runs the model in (from its model config once started)."""
@@ -287,7 +300,7 @@ class RolloutEngine:
             # an already-rendered token input: vLLM validates it in place (a raw prompt dict
             # would be "rendered" on its tokenizer thread pool, a thread hop per request)
             async for out in self.llm.generate({"type": "token", "prompt_token_ids": ids}, params,
-                                               request_id=request_id):
+                                               request_id=request_id, lora_request=self.lora_request):
                 final = out
         except asyncio.CancelledError:
             raise

@@ -26,8 +26,11 @@ async def serve(view: RolloutView, *, name: str) -> int:
     from services.readiness import announce_ready
 
     cfg, res = view.rollout, view.resources
+    from rollout_svc.lora import LoraServing
+
     engine = RolloutEngine(cfg, view.model.path, dtype=view.model.dtype, tokenizer=view.model.tokenizer_path,
-                           trust_remote_code=view.model.trust_remote_code)
+                           trust_remote_code=view.model.trust_remote_code,
+                           lora=LoraServing.from_model_config(view.model))
     metrics = RolloutMetrics()
     prompts = rollouts = None
     if view.queues is not None:

@@ -345,7 +345,7 @@ class WorkerWeightStream:
                     "error": f"v{version} is not pending here"}
         check = VersionCheck(self.manifest)
         start = time.monotonic()
-        result = load_into_worker(self.worker, u.tensors(), check)
+        result = self._load(u.tensors(), check)
         end = time.monotonic()
         # since BEGIN arrived here: when the load started, and how long it ran on after the
         # last bucket had arrived
@@ -354,6 +354,16 @@ class WorkerWeightStream:
         if not result["ok"] and result["refused"]:
             u.drain()  # let the rest arrive, so the transfer does not fail for the other replicas
         return result
+
+    def _load(self, named_tensors, check: VersionCheck) -> dict[str, Any]:
+        """Load one version: into the model's weights, or -- when the replica serves a LoRA
+        adapter (``meshrl_lora_setup``) -- as the served adapter's weights (rollout_svc/lora.py)."""
+        adapter_dir = getattr(self.worker, "_meshrl_lora_dir", None)
+        if adapter_dir:
+            from rollout_svc.lora import load_adapter_into_worker
+
+            return load_adapter_into_worker(self.worker, named_tensors, check, adapter_dir)
+        return load_into_worker(self.worker, named_tensors, check)
 
     def skip(self, version: int) -> dict[str, Any]:
         """Receive the pending ``version`` without loading it (the replica serves newer)."""
@@ -387,7 +397,7 @@ class WorkerWeightStream:
         if snap is None:
             return None
         version = snap.version
-        result = load_into_worker(self.worker, snap.tensors(), VersionCheck(self.manifest))
+        result = self._load(snap.tensors(), VersionCheck(self.manifest))
         del snap
         result.update(version=version, session=session)
         return result

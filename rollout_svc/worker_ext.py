@@ -70,6 +70,12 @@ class MeshWorkerExtension:
         if stream is not None:
             stream.close()
 
+    def meshrl_lora_setup(self, adapter_dir: str) -> bool:
+        """This replica serves a LoRA adapter (rollout_svc/lora.py): every version from the
+        channel replaces the adapter's weights; ``adapter_dir`` holds its config."""
+        self._meshrl_lora_dir = adapter_dir
+        return True
+
     def meshrl_rss_bytes(self) -> dict[str, int]:
         """This worker process's resident memory now and at its peak (``VmRSS``/``VmHWM``)."""
         out = {}
