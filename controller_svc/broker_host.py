@@ -34,11 +34,12 @@ class BrokerThread:
             self.loop).result(120)
         return self
 
-    async def ledger_stages(self) -> list[str]:
-        """The latest stage of every sample in the broker's ledger (read on its own loop)."""
+    async def ledger_counts(self) -> dict[str, int]:
+        """How many samples of the broker's ledger are at each latest stage (read on its own
+        loop; the broker keeps the counts as stages change, so this costs nothing per sample)."""
 
-        async def read() -> list[str]:
-            return list(self.broker.state.ledger.values())
+        async def read() -> dict[str, int]:
+            return {stage: n for stage, n in self.broker.state.stage_counts.items() if n}
 
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(read(), self.loop))
 

@@ -13,7 +13,7 @@ the feeder's ``/metrics`` (``feeder_svc.metrics``).
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -39,7 +39,10 @@ class ControlMetrics:
 
     def set_ledger(self, stages: Iterable[str]) -> None:
         """Count the ledger's stages (call from the thread that owns the ledger)."""
-        counts = Tally(s or "unknown" for s in stages)
+        self.set_ledger_counts(Tally(s or "unknown" for s in stages))
+
+    def set_ledger_counts(self, counts: Mapping[str, int]) -> None:
+        """The ledger's samples per stage, as counted by the broker."""
         self._ledger_counts = {s: counts.get(s, 0) for s in set(LEDGER_STAGES) | set(counts)}
         for stage in set(LEDGER_STAGES) | set(counts):
             self.ledger.labels(stage=stage).set(counts.get(stage, 0))

@@ -34,7 +34,7 @@ from controller_svc.mesh import ServiceMesh
 from services.procs import ServiceFailed, become_subreaper
 from controller_svc.report import History
 from services.supervision import Supervisor, stall_reason
-from services.metrics.scrape import http_get, scrape
+from services.metrics.scrape import http_get, parse_metrics
 from services.net import free_port
 
 log = logging.getLogger("meshrl.run")
@@ -42,15 +42,23 @@ log = logging.getLogger("meshrl.run")
 #: The streams whose depths the controller watches (stall detection), with their consumer groups.
 WATCHED = (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))
 
+#: Seconds between two observations of the job (every service's ``/metrics``, which is also its
+#: heartbeat, the queue depths, the ledger, ``status.json``). Nothing waits on them: restarts
+#: follow a process's exit (checked every ``poll_s``), new steps and validation rounds the
+#: trainer's step file (stat'ed every ``poll_s``); heartbeat and stall deadlines are a minute.
+OBSERVE_S = 2.0
+
 
 class JobController:
     """Runs ``spec`` (a validated JobSpec) with its files under ``run_dir``."""
 
-    def __init__(self, spec: Any, run_dir: str | Path, *, progress: bool = True, poll_s: float = 0.5) -> None:
+    def __init__(self, spec: Any, run_dir: str | Path, *, progress: bool = True, poll_s: float = 0.5,
+                 observe_s: float = OBSERVE_S) -> None:
         self.spec = spec
         self.run_dir = Path(run_dir).resolve()
         self.progress = progress
         self.poll_s = poll_s
+        self.observe_s = max(poll_s, observe_s)
         self.history = History(self.run_dir / "trainer_metrics.jsonl")
         self.sup = Supervisor(spec.services.restart, [])
         self.ledger = Ledger(self.run_dir, spec.rollout.n)
@@ -125,23 +133,32 @@ class JobController:
                 mesh.placement = RayPlacement(spec, instance_names(spec))
                 await asyncio.to_thread(mesh.placement.connect)
             configs = mesh.write_views(f"{self._broker_host()}:{self.broker_port}")
+            feeder = mesh.early_feeder_view()
+            if feeder is not None:  # started with the others, feeding once released (start_feeder)
+                configs["feeder"] = feeder
             board.state = "starting"
             board.write()
             if mesh.placement is not None:
                 self._log(f"meshrl run: Ray cluster at {mesh.placement.address}; placing {len(configs)} services "
                           f"(strategy {spec.services.ray.strategy})")
                 await asyncio.to_thread(mesh.placement.reserve, self._stopped)
-            await mesh.start(configs, self._stopped)
+            # the loggers and the validation set load while the services start
+            prompts = self._open_queue("prompts", "controller")  # validation rounds are put here
+            await asyncio.gather(mesh.start(configs, self._stopped), self._start_tracking(prompts))
             board.write()
             if self._stopped():
+                await prompts.close()
                 return self._cancelled()
             board.state = "running"
-            return await self._loop()
+            return await self._loop(prompts)
         except ServiceFailed as exc:
             board.state, board.detail = "failed", str(exc)
             self._log(f"meshrl run: {exc}")
             return 1
         finally:
+            if self.tracking is not None:  # the services never all came up
+                tracking, self.tracking = self.tracking, None
+                await tracking.finish(succeeded=False)
             mesh.cancel_restarts()
             # Off the event loop: it hosts the embedded broker, which the trainer needs to
             # reach while it acks and checkpoints the step in progress.
@@ -175,22 +192,26 @@ class JobController:
         return make_queue(self._queue_cfg(), stream=stream, group=group, consumer="controller",
                           metrics=self.board.control.queues, credential=self._queue_credential())
 
-    async def _loop(self) -> int:
+    async def _start_tracking(self, prompts) -> None:
+        """The loggers and the validation rounds; the first round (``val_before_train``) is
+        queued here, before the feeder is let go (:meth:`ServiceMesh.start_feeder`), so it
+        comes before any training prompt."""
         from controller_svc.run_tracking import RunTracking
 
+        self.tracking = RunTracking(self.spec, self.run_dir, self.history, log=self._log)
+        await self.tracking.start(prompts, self._open_queue)
+
+    async def _loop(self, prompts) -> int:
         spec, board, mesh = self.spec, self.board, self.mesh
-        prompts = self._open_queue("prompts", "controller")  # validation rounds are put here
         watched = {name: self._open_queue(name, group) for name, group in WATCHED}
         self._read_fed()
         if board.prompts_fed:
             self._log(f"resuming: {board.prompts_fed} prompts fed before")
-        self.tracking = RunTracking(spec, self.run_dir, self.history, log=self._log)
-        # the first validation round is queued before any training prompt
-        await self.tracking.start(prompts, self._open_queue)
         bar = self._progress_bar()
         try:
             await mesh.start_feeder(self._stopped)
             self.sup.touch(time.monotonic())
+            observed_at = 0.0
             while True:
                 if self._stopped():
                     self._log("meshrl run: interrupted; stopping the services (the trainer checkpoints first); "
@@ -207,18 +228,23 @@ class JobController:
                         return 0
                     trainer.kill_reason = f"stopped at step {last} of {spec.trainer.total_steps}"
                 mesh.supervise(self._stopped, on_exit=self._on_exit)
-                await mesh.heartbeats()
-                await self._observe(bar)
-                await self.tracking.tick()
-                self._read_fed()
-                await self._broker_ledger()
-                board.queues = await self._depths(watched)
-                self._check_stall()
-                board.write()
+                if time.monotonic() - observed_at >= self.observe_s:
+                    observed_at = time.monotonic()
+                    await self._observe(bar)
+                    self._read_fed()
+                    await self._broker_ledger()
+                    board.queues = await self._depths(watched)
+                    self._check_stall()
+                    board.write()
+                elif self.history.grown():  # a step ended: read it now, so its validation round starts now
+                    self._read_history(bar)
+                if self.history.unlogged or self.tracking.busy:
+                    await self.tracking.tick()
                 await asyncio.sleep(self.poll_s)
         finally:
             if self.tracking is not None:
-                await self.tracking.finish(succeeded=False)
+                tracking, self.tracking = self.tracking, None
+                await tracking.finish(succeeded=False)
             if bar is not None:
                 bar.close()
             await prompts.close()
@@ -259,12 +285,14 @@ class JobController:
             raise ServiceFailed(f"job stalled: {stall.reason}")
 
     async def _observe(self, bar) -> None:
-        """Scrape every service into the ledger and the step history."""
+        """Scrape every service (its heartbeat too) into the ledger and the step history."""
         live = self.mesh.live()
         urls = {p.name: p.url("metrics") + "/metrics" for p in live}
-        scrapes = await asyncio.gather(*(asyncio.to_thread(scrape, u) for u in urls.values()))
+        got_all = await asyncio.gather(*(asyncio.to_thread(http_get, u, 2.0) for u in urls.values()))
+        await self.mesh.answered({name: status == 200 for name, (status, _) in zip(urls, got_all)})
         self._scrapes = {}
-        for name, got in zip(urls, scrapes):
+        for name, (status, body) in zip(urls, got_all):
+            got = parse_metrics(body) if status == 200 else {}
             self.ledger.observe(name, got, incarnation=self.sup.restarts().get(name, 0))
             self._scrapes[name] = got
         if "meshrl_feeder_in_flight_prompts" in self._scrapes.get("feeder", {}):  # as the queue's ledger says
@@ -279,6 +307,10 @@ class JobController:
         c = self.ledger.counts()
         self.sup.progress({k: c[k] for k in ("generated", "scored", "trained", "dropped_stale", "dropped_error")},
                           time.monotonic())
+        self._read_history(bar)
+
+    def _read_history(self, bar) -> None:
+        """The trainer's new step lines into the history (and the progress bar)."""
         if self.history.read(self.ledger.tokens(), self.board.elapsed_s) and bar is not None:
             last = self.history.steps[-1]
             bar.update(last["step"] - bar.n)
@@ -309,7 +341,7 @@ class JobController:
         """The embedded broker's per-stage ledger into ``meshrl_ledger_samples{stage}``."""
         if self._broker is not None and self._broker.broker is not None:
             try:
-                self.board.control.set_ledger(await asyncio.wait_for(self._broker.ledger_stages(), 5.0))
+                self.board.control.set_ledger_counts(await asyncio.wait_for(self._broker.ledger_counts(), 5.0))
             except Exception as exc:  # noqa: BLE001 - a metric, never fatal
                 log.warning("reading the broker's ledger failed: %s", exc)
 

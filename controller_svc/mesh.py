@@ -176,7 +176,7 @@ class ServiceMesh:
         """Start every service at once and wait until each is ready. A service that never
         becomes ready is misconfigured, so restarting cannot help: ServiceFailed at once,
         naming it."""
-        procs = [self._process(n, p) for n, p in configs.items()]
+        procs = [self._process(n, p, self._feeder_args() if n == "feeder" else ()) for n, p in configs.items()]
         self.procs += procs
         for p in procs:
             p.start()
@@ -197,17 +197,48 @@ class ServiceMesh:
         if failed:
             raise failed[0]
 
-    async def start_feeder(self, should_stop: Callable[[], bool]) -> None:
-        """Start the prompt feeder on the trainer's and the replicas' announced addresses,
-        with its position in ``<run_dir>/feeder.json``."""
+    @property
+    def hold_file(self) -> Path:
+        """While this file exists the feeder waits before its first put (``--hold``)."""
+        return self.run_dir / "feeder.hold"
+
+    def feeder_view(self, trainer_url: str, rollout_urls: list[str]) -> Path:
+        """Write the feeder's view with the trainer's and the replicas' metrics addresses."""
         view = self.views["feeder"].model_copy(update={
-            "trainer_metrics_url": self.proc("trainer").url("metrics") + "/metrics",
+            "trainer_metrics_url": trainer_url + "/metrics",
             "trainer_metrics_file": str(self.metrics_file),
-            "rollout_metrics_urls": [p.url("metrics") + "/metrics" for p in self.procs
-                                     if p.name.startswith("rollout")],
+            "rollout_metrics_urls": [u + "/metrics" for u in rollout_urls],
         })  # fmt: skip
-        cfg = write_view(view, self.run_dir / "config" / "feeder.yaml")
-        proc = self._process("feeder", cfg, ("--state", str(self.run_dir / "feeder.json"), "--poll", "0.5"))
+        return write_view(view, self.run_dir / "config" / "feeder.yaml")
+
+    def early_feeder_view(self) -> Path | None:
+        """A local job knows every metrics address before it starts anything (the ports are
+        fixed in the views): the feeder can then start with the other services, its imports
+        and tokenizing overlapping the replicas' start, and hold its first put until the
+        controller releases it. None where the addresses are known only once placed (Ray)."""
+        if self.placement is not None:
+            return None
+
+        def url(name: str) -> str:
+            res = self._instance_views[name].resources
+            return f"http://{res.host or self.spec.services.host}:{res.metrics_port}"
+
+        self.hold_file.touch()
+        return self.feeder_view(url("trainer"), [url(n) for n in self._instance_views if n.startswith("rollout")])
+
+    def _feeder_args(self) -> tuple[str, ...]:
+        return ("--state", str(self.run_dir / "feeder.json"), "--poll", "0.5", "--hold", str(self.hold_file))
+
+    async def start_feeder(self, should_stop: Callable[[], bool]) -> None:
+        """Let the prompt feeder feed: release the one started with the others, or start it
+        now on the trainer's and the replicas' announced addresses (Ray), with its position
+        in ``<run_dir>/feeder.json``."""
+        if any(p.name == "feeder" for p in self.procs):
+            self.hold_file.unlink(missing_ok=True)
+            return
+        cfg = self.feeder_view(self.proc("trainer").url("metrics"),
+                               [p.url("metrics") for p in self.procs if p.name.startswith("rollout")])
+        proc = self._process("feeder", cfg, self._feeder_args())
         self.procs.append(proc)
         proc.start()
         await asyncio.to_thread(proc.wait_ready, 600.0, should_stop)
@@ -261,13 +292,19 @@ class ServiceMesh:
         """Probe every running service's /health; kill those silent past the deadline."""
         live = self.live()
         oks = await asyncio.gather(*(asyncio.to_thread(http_get, p.url("metrics") + "/health", 1.0) for p in live))
+        await self.answered({p.name: status == 200 for p, (status, _) in zip(live, oks)})
+
+    async def answered(self, oks: dict[str, bool]) -> None:
+        """Which live services answered a probe just now (their ``/health``, or the ``/metrics``
+        scrape the controller makes anyway, which the same server answers); kill those
+        silent past the deadline."""
         now = time.monotonic()
         self.silent = []
-        for p, (status, _) in zip(live, oks):
-            if status == 200:
-                self.sup.beat(p.name, now)
+        for name, ok in oks.items():
+            if ok:
+                self.sup.beat(name, now)
             else:
-                self.silent.append(p.name)
+                self.silent.append(name)
         for name, why in self.sup.stuck(now):
             p = self.proc(name)
             if p.returncode is None and name not in self.restarting:

@@ -31,6 +31,13 @@ class History:
         self._last_tokens = 0.0
         self._last_t = 0.0
 
+    def grown(self) -> bool:
+        """Whether the metrics file holds bytes not read yet (one stat)."""
+        try:
+            return self.metrics_file is not None and self.metrics_file.stat().st_size > self._offset
+        except OSError:
+            return False
+
     def read(self, rollout_tokens: float, t: float) -> bool:
         """Append rows for new lines of the metrics file; returns whether any were added."""
         if self.metrics_file is None or not self.metrics_file.exists():

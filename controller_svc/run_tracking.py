@@ -56,6 +56,11 @@ class RunTracking:
     def _wants_validation(self) -> bool:
         return bool(self.spec.data.val_files) and (self.test_freq > 0 or self.val_before_train)
 
+    @property
+    def busy(self) -> bool:
+        """A validation round is out: its results are to be collected."""
+        return self.val is not None and bool(self.val.pending)
+
     def due(self, step: int) -> bool:
         """Whether training step ``step`` gets a validation round."""
         if self.test_freq <= 0 or step in self._validated or step <= self.resumed_at:

@@ -25,6 +25,8 @@ def build_parser():
     p = service_parser("feeder", "meshrl prompt feeder (admission control)", default_id="feeder")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between rounds")
     p.add_argument("--state", default=None, help="file keeping the feeder's position across restarts")
+    p.add_argument("--hold", default=None, help="wait while this file exists before the first put (the "
+                   "controller starts the feeder with the other services and releases it once the job is set up)")
     return p
 
 
@@ -42,6 +44,9 @@ def _check(view) -> str | None:
 
 
 async def serve(view, args, should_stop) -> None:
+    import asyncio
+    import os
+
     from feeder_svc.feeder import build_feeder
     from feeder_svc.loop import WATCHED, FeedLoop
     from feeder_svc.metrics import FeederMetrics
@@ -65,6 +70,8 @@ async def serve(view, args, should_stop) -> None:
         try:
             announce_ready("feeder", args.id, {"metrics": f"{server.host}:{server.port}"},
                            prompts=len(feeder.dataset), max_in_flight=loop.limit)
+            while args.hold and os.path.exists(args.hold) and not should_stop():
+                await asyncio.sleep(0.05)
             await loop.run(should_stop, args.poll)
         finally:
             server.stop()

@@ -27,11 +27,14 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
 
 def scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
     """Sum of every sample of each metric at ``url`` (Prometheus text format); {} if unreachable."""
+    status, body = http_get(url, timeout=timeout)
+    return parse_metrics(body) if status == 200 else {}
+
+
+def parse_metrics(body: bytes) -> dict[str, float]:
+    """Sum of every sample of each metric in a ``/metrics`` body; {} if it does not parse."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    status, body = http_get(url, timeout=timeout)
-    if status != 200:
-        return {}
     out: dict[str, float] = {}
     try:
         for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):

@@ -23,7 +23,7 @@ from services.queues.aof import AppendOnlyFile, replay, rewrite
 log = logging.getLogger("meshrl.queues.broker")
 
 MAX_PRODUCERS = 100_000  # producer sequence numbers remembered per stream (oldest forgotten)
-COMPACT_MIN_BYTES = 4 << 20  # never compact a file smaller than this
+COMPACT_MIN_BYTES = 64 << 20  # never compact a file smaller than this (a rewrite walks the whole ledger)
 COMPACT_GROWTH = 1.5  # compact when the file is this many times the size of the last snapshot
 
 
@@ -81,6 +81,7 @@ class BrokerState:
                  compact_min_bytes: int = COMPACT_MIN_BYTES) -> None:
         self.streams: dict[str, StreamState] = {}
         self.ledger: OrderedDict[str, str] = OrderedDict()
+        self.stage_counts: dict[str, int] = {}  # samples per latest stage in ``ledger`` (kept as it changes)
         self._aof: AppendOnlyFile | None = None
         self._aof_path = Path(aof_path) if aof_path is not None else None
         self._fsync = fsync
@@ -276,11 +277,16 @@ class BrokerState:
         return len(sample_ids)
 
     def _set_stages(self, sample_ids: Any, stage: str, ledger_max: int) -> None:
+        ledger, counts = self.ledger, self.stage_counts
         for sid in sample_ids:
-            self.ledger[sid] = stage
-            self.ledger.move_to_end(sid)
-        while len(self.ledger) > max(1, ledger_max):
-            self.ledger.popitem(last=False)
+            old = ledger.get(sid)
+            if old is not None:
+                counts[old] -= 1
+                ledger.move_to_end(sid)
+            ledger[sid] = stage
+            counts[stage] = counts.get(stage, 0) + 1
+        while len(ledger) > max(1, ledger_max):
+            counts[ledger.popitem(last=False)[1]] -= 1
 
     def stages(self, sample_ids: list[str]) -> list[str]:
         return [self.ledger.get(sid, "") for sid in sample_ids]

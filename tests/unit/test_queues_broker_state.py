@@ -110,3 +110,24 @@ async def test_aof_is_compacted_as_items_are_acked(tmp_path):
     got = await st2.get("s", "g", "c", 10, 0, 1000)
     assert [d.fresh for d in got] == [(True,)]
     st2.close()
+
+
+async def test_stage_counts_follow_the_ledger(tmp_path):
+    """The broker keeps per-stage sample counts as stages change (the controller reads them
+    instead of walking the whole ledger): they equal a count over the ledger after puts,
+    acks, records, evictions past ``ledger_max`` and a replay of the file."""
+    from collections import Counter
+
+    path = tmp_path / "l.aof"
+    st = BrokerState(path)
+    for i in range(40):
+        await st.put("s", "p", i + 1, (f"u{i}/0", f"u{i}/1"), b"x", "queued", 60)
+    got = await st.get("s", "g", "c", 10, 0, 1000)
+    await st.ack("s", [d.entry.id for d in got], "generated", [s for d in got for s in d.entry.sample_ids], 60)
+    st.record(["u39/0", "u39/1", "new"], "trained", 60)
+    assert len(st.ledger) == 60  # the oldest ids were evicted
+    assert {k: v for k, v in st.stage_counts.items() if v} == dict(Counter(st.ledger.values()))
+    st.close()
+    st2 = BrokerState(path)
+    assert {k: v for k, v in st2.stage_counts.items() if v} == dict(Counter(st2.ledger.values()))
+    st2.close()
