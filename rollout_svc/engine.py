@@ -235,16 +235,17 @@ class RolloutEngine:
         return ""
 
     def sampling_params(self, sampling: SamplingConfig, seed: int | None, *, max_tokens: int | None = None,
-                        stop: list[str] | None = None):
-        """vLLM ``SamplingParams`` for one sample (n=1; groups are n separate requests);
-        ``max_tokens`` / ``stop`` (added to ``rollout.stop``): one request's own."""
+                        stop: list[str] | None = None, n: int = 1):
+        """vLLM ``SamplingParams`` for one request of ``n`` samples (vLLM seeds its ``k``-th
+        with ``seed + k``); ``max_tokens`` / ``stop`` (added to ``rollout.stop``): one
+        request's own."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         c = self.cfg
         greedy = (not sampling.do_sample) or sampling.temperature == 0.0
         return SamplingParams(
-            n=1,
+            n=n,
             temperature=0.0 if greedy else sampling.temperature,
             top_p=1.0 if greedy else sampling.top_p,
             top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k,
@@ -286,6 +287,11 @@ class RolloutEngine:
         params = self.sampling_params(sampling, self.sample_seed(seed_key or sample_id), max_tokens=max_tokens,
                                       stop=stop)
         request_id = f"{sample_id}#{self._request_prefix}-{next(self._request_seq)}"
+        return (await self._request(ids, params, request_id, 1))[0]
+
+    async def _request(self, ids: list[int], params, request_id: str, n: int) -> list[Sample]:
+        """One vLLM request of ``n`` samples (``params.n``), as ``n`` Samples in vLLM's order;
+        failures become ``Sample.error`` (never raised, unless the engine died)."""
         if self._update_lock.locked():
             # a weight swap is under way: vLLM holds new requests until it resumes, so this one
             # runs wholly on the weights being loaded. Stamped with the old version it would look
@@ -294,33 +300,46 @@ class RolloutEngine:
             async with self._update_lock:
                 pass
         version = self.version
-        self.in_flight += 1
+        self.in_flight += n
         try:
             final = None
             # an already-rendered token input: vLLM validates it in place (a raw prompt dict
             # would be "rendered" on its tokenizer thread pool, a thread hop per request)
             async for out in self.llm.generate({"type": "token", "prompt_token_ids": ids}, params,
-                                               request_id=request_id, lora_request=self.lora_request):
+                                               request_id=request_id):
                 final = out
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a request vLLM rejects must not take the replica down
             if not self.healthy:
                 raise EngineDeadError(f"vLLM engine died: {exc}") from exc
-            return Sample(prompt_ids=[], policy_version=version, finish_reason="error", error=f"vllm: {exc}")
+            return [Sample(prompt_ids=[], policy_version=version, finish_reason="error", error=f"vllm: {exc}")
+                    for _ in range(n)]
         finally:
-            self.in_flight -= 1
-        comp = final.outputs[0]
+            self.in_flight -= n
+        comps = sorted(final.outputs, key=lambda c: c.index) if final is not None else []
+        out = [self._sample(ids, c, final.finished, version) for c in comps]
+        # samples a request aborted before they finished (a weight swap in abort mode)
+        out += [Sample(prompt_ids=ids, policy_version=version, finish_reason="abort") for _ in range(n - len(out))]
+        return out
+
+    def _sample(self, ids: list[int], comp, finished: bool, version: int) -> Sample:
+        """One of a request's completions as a Sample (generated with ``version``)."""
         toks = list(comp.token_ids)
         lps: list[float] = []
         if self.cfg.calculate_log_probs and comp.logprobs is not None:
             lps = [float(step[t].logprob) for step, t in zip(comp.logprobs, toks)]
         self.tokens_generated += len(toks)
-        reason = comp.finish_reason or ("abort" if not final.finished else "stop")
+        reason = comp.finish_reason or ("abort" if not finished else "stop")
         return Sample(prompt_ids=ids, response_ids=toks, log_probs=lps, policy_version=version, finish_reason=reason)
 
     async def generate_group(self, prompt_ids: list[int], sampling: SamplingConfig, sample_ids: list[str]) -> list[Sample]:
-        """Generate ``len(sample_ids)`` samples of one prompt concurrently.
+        """Generate ``len(sample_ids)`` samples of one prompt: one vLLM request with ``n`` of
+        them, which vLLM fans out to ``n`` sequences in its engine core (one request instead
+        of ``n`` costs the replica's loop far less CPU: docs/performance.md). Sample ``k`` is
+        seeded with ``sample_seed(sample_ids[0]) + k``, vLLM's rule for the samples of a
+        seeded request: the same ids give the same samples whatever else is batched, and
+        sample 0 is what ``generate_one`` makes for its id.
 
         With ``on_weight_update="abort_requeue"`` a group that lost samples to a weight
         update is regenerated whole (so every sample of a group has one version).
@@ -330,9 +349,12 @@ class RolloutEngine:
             return [Sample(prompt_ids=[], policy_version=self.version, finish_reason="error", error=err)
                     for _ in sample_ids]
         ids = [int(t) for t in prompt_ids]
+        n = len(sample_ids)
         while True:
             epoch = self._abort_epoch
-            samples = list(await asyncio.gather(*(self._generate_checked(ids, sampling, s) for s in sample_ids)))
+            params = self.sampling_params(sampling, self.sample_seed(sample_ids[0]), n=n)
+            request_id = f"{sample_ids[0]}#{self._request_prefix}-{next(self._request_seq)}"
+            samples = await self._request(ids, params, request_id, n)
             aborted = any(s.finish_reason == "abort" for s in samples)
             if not aborted or self.llm is None or self._abort_epoch == epoch:
                 return samples

