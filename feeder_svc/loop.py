@@ -36,6 +36,10 @@ log = logging.getLogger("meshrl.feeder")
 #: The streams whose depths the feeder exports, with the consumer group that reads each.
 WATCHED = (("prompts", "rollout"), ("rollouts", "reward"), ("experience", "trainer"))
 
+#: Seconds between two reads of those depths: they are exported metrics only (admission
+#: reads the ledger), and three queue calls every round were a third of the feeder's calls.
+DEPTHS_S = 5.0
+
 
 class FeedLoop:
     """Feeds ``feeder`` as the admission rule allows (see module doc)."""
@@ -117,7 +121,7 @@ class FeedLoop:
         while not should_stop():
             seen = self._step_file_size() if self._step_file is not None else 0  # before the round reads the ledger
             await self.round()
-            if time.monotonic() - depths_at >= poll_s:  # (not on every step-driven round)
+            if time.monotonic() - depths_at >= max(poll_s, DEPTHS_S):  # (not on every round)
                 await self.read_depths()
                 depths_at = time.monotonic()
             if self._step_file is None:

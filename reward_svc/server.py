@@ -36,6 +36,13 @@ from services.metrics import MetricsServer
 
 log = logging.getLogger("meshrl.reward")
 
+#: After a get that found fewer groups than ``get_batch``, the reader waits this long before
+#: the next one, so the groups a replica delivers one write at a time are leased, put and
+#: acked together: each queue call costs both ends about a millisecond of CPU whatever it
+#: carries, and a quick-start step's 32 groups took 43 calls (docs/performance.md). A group
+#: waits at most this long more for its score.
+GATHER_S = 0.1
+
 
 def sandbox_spec(cfg: RewardConfig) -> SandboxSpec:
     """The sandbox settings of a :class:`RewardConfig`."""
@@ -296,10 +303,13 @@ class RewardServer:
                         log.error("reward: get from %s failed: %s", self.cfg.input_stream, exc)
                         await asyncio.wait({stopped}, timeout=min(1.0, self.cfg.get_timeout_s))
                         continue
+                    partial = len(items) < self.cfg.get_batch
                     items = [it for it in items if it.id not in held]
                     if items:
                         held.update(it.id for it in items)
                         await leased.put(items)  # the loop below always drains: bounded by one scoring
+                    if partial and items:  # let the next groups gather: one get, put and ack for several
+                        await asyncio.wait({stopped}, timeout=GATHER_S)
             finally:
                 stopped.cancel()
             await leased.put(None)
