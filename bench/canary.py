@@ -114,9 +114,10 @@ def run_mode(mode: str, work: Path, model: Path, train: Path, args: argparse.Nam
     hist = json.loads((run_dir / "summary.json").read_text())["history"]
     lines = [json.loads(x) for x in (run_dir / "trainer_metrics.jsonl").read_text().splitlines() if x.strip()]
     # trained samples per second from the end of the first step (the judging batches of canary
-    # mode close early, so steps differ in size: count the samples)
+    # mode close early, so steps differ in size: count the samples), timed by the trainer's own
+    # step records (the controller's history is sampled every few seconds)
     samples = sum(rec["samples"] for rec in lines[1:])
-    train_s = hist[-1]["t"] - hist[0]["t"]
+    train_s = lines[-1]["time"] - lines[0]["time"]
     out = {"mode": mode, "samples": samples, "train_s": train_s, "samples_per_s": samples / max(train_s, 1e-9),
            "final_reward": statistics.fmean(h["reward_mean"] for h in hist[-5:]),
            "staleness_mean": statistics.fmean(h["staleness"] for h in hist)}
@@ -146,8 +147,9 @@ def gate_figures(run_dir: Path, lines: list[dict], bad_candidate: int) -> dict:
     corrupted = re.search(r"MESHRL_TEST_WEIGHTS_FAULT: corrupting \S+ of v(\d+)",
                           (run_dir / "logs" / "trainer.log").read_text()) if bad_candidate else None
     bad = int(corrupted.group(1)) if corrupted else None
-    rejected_at = next((rec["step"] for rec in lines
-                        if rec.get("canary", {}).get("version") == bad and not rec["canary"]["promoted"]), None)
+    rejected_at = None if bad is None else next(
+        (rec["step"] for rec in lines if rec.get("canary", {}).get("version") == bad and not rec["canary"]["promoted"]),
+        None)
     served_bad = False
     for name, r in weights["replicas"].items():
         if r["role"] == "promoted":
@@ -176,7 +178,7 @@ def main() -> int:
               flush=True)
         if mode == "canary":
             print(f"       promotions={r['promotions']} delays_s={[round(d, 1) for d in r['promote_delays_s']]} "
-                  f"bad_version=v{r['bad_version']} rejected_at_step={r['rejected_at_step']} "
+                  f"bad_version={'none' if r['bad_version'] is None else 'v' + str(r['bad_version'])} rejected_at_step={r['rejected_at_step']} "
                   f"rejections={r['rejections']}", flush=True)
             print(f"       sized: trainer max_staleness={r['sized']['max_staleness']} "
                   f"max_in_flight={r['sized']['max_in_flight']} "
