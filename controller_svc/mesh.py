@@ -3,11 +3,13 @@ supervision and stop.
 
 :class:`ServiceMesh` cuts one view per service out of the job and writes it to
 ``<run_dir>/config/<name>.yaml`` (:mod:`services.config.views`): that file is the child's
-whole config. It starts the trainer, the reward workers and the rollout replicas as child
-processes on those files (or, with ``services.launcher: ray``, as Ray actors of the job's
-placement group, :mod:`controller_svc.ray.placement`), waits for each one's readiness line,
-then starts the prompt feeder (``feeder_svc``) once it knows where the trainer and the
-replicas answer. It applies the restart policy of :mod:`services.supervision`: a
+whole config. It starts the trainer, the reward workers, the rollout replicas and the prompt
+feeder (``feeder_svc``) as child processes on those files -- the replicas first, the others
+as CPUs allow -- and waits for each one's readiness line; the feeder holds its first put
+until the controller lets it go (:meth:`ServiceMesh.start_feeder`). With
+``services.launcher: ray`` the others are Ray actors of the job's placement group
+(:mod:`controller_svc.ray.placement`) and the feeder is started once it knows where the
+trainer and the replicas answer. It applies the restart policy of :mod:`services.supervision`: a
 service that exits or stops answering its ``/health`` is restarted with backoff while the
 rest keeps running; a service out of budget fails the job, naming it.
 """
@@ -173,16 +175,23 @@ class ServiceMesh:
         return spec.rollout.engine_startup_timeout_s if name.startswith("rollout") else 600.0
 
     async def start(self, configs: dict[str, Path], should_stop: Callable[[], bool]) -> None:
-        """Start every service at once and wait until each is ready. A service that never
-        becomes ready is misconfigured, so restarting cannot help: ServiceFailed at once,
-        naming it."""
+        """Start every service and wait until each is ready. A service that never becomes
+        ready is misconfigured, so restarting cannot help: ServiceFailed at once, naming it.
+
+        On this machine (not under Ray) the rollout replicas start first and the others
+        ``parallel_starts()`` at a time, each once the one before is ready: a replica's start
+        (vLLM's imports, twice, and its engine) is the longest, and the others' imports
+        would otherwise take most of the CPUs it needs (docs/performance.md)."""
         procs = [self._process(n, p, self._feeder_args() if n == "feeder" else ()) for n, p in configs.items()]
-        self.procs += procs
-        for p in procs:
-            p.start()
+        local = self.placement is None
+        gate = asyncio.Semaphore(self.parallel_starts(sum(kind_of(p.name) == "rollout" for p in procs)))
         failed: list[ServiceFailed] = []
 
         async def ready(p: Any) -> None:
+            if failed or should_stop():
+                return
+            self.procs.append(p)  # only what was started is supervised and stopped
+            p.start()
             try:
                 await asyncio.to_thread(p.wait_ready, self.startup_timeout(self.spec, p.name),
                                         lambda: should_stop() or bool(failed))
@@ -193,9 +202,20 @@ class ServiceMesh:
                 self.sup.started(p.name, time.monotonic())
                 self._log(f"{p.name} ready")
 
-        await asyncio.gather(*(ready(p) for p in procs))
+        async def gated(p: Any) -> None:
+            async with gate:
+                await ready(p)
+
+        first = [p for p in procs if not local or kind_of(p.name) == "rollout"]
+        await asyncio.gather(*(ready(p) for p in first), *(gated(p) for p in procs if p not in first))
         if failed:
             raise failed[0]
+
+    @staticmethod
+    def parallel_starts(replicas: int) -> int:
+        """How many services besides the replicas start at once: the CPUs this process may
+        use, less one per replica (at least one)."""
+        return max(1, len(os.sched_getaffinity(0)) - replicas)
 
     @property
     def hold_file(self) -> Path:
