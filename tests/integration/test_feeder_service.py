@@ -88,3 +88,50 @@ async def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_mo
             proc.wait(timeout=10)
     assert proc.returncode == 0, output.text(40)
     assert output.ready is not None and output.ready.service == "feeder"
+
+
+async def test_a_held_feeder_is_ready_and_feeds_only_once_released(tmp_path, redis_server, tiny_model):
+    """``--hold FILE`` (how ``meshrl run`` starts the feeder beside the other services): the
+    feeder does its imports and tokenizing and announces readiness, puts nothing while the
+    file exists, and fills the admission window once it is gone."""
+    from services.data import synthetic
+    from services.data.parquet import write_rows
+
+    train = write_rows(synthetic.arith_rows(20, seed=0, split="train"), tmp_path / "train.parquet")
+    spec = {
+        "name": "hold-test",
+        "model": {"path": tiny_model},
+        "data": {"train_files": [str(train)], "max_prompt_length": 32, "train_batch_size": 2},
+        "async": {"max_staleness": 1},  # at most (1 + 1) * 2 = 4 prompts in flight
+        "rollout": {"n": 2},
+        "actor": {"ppo_mini_batch_size": 2},
+        "queues": {"type": "redis", "url": redis_server.url, "namespace": "holdtest"},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    assert cli_main(["views", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "views")]) == 0
+    hold = tmp_path / "feeder.hold"
+    hold.touch()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "feeder_svc", "--config", str(tmp_path / "views" / "feeder.yaml"),
+         "--poll", "0.1", "--hold", str(hold)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    output = OutputWatcher(proc)
+    try:
+        port = output.wait(60).port("metrics")
+        for _ in range(5):  # ready, and holding: nothing fed
+            assert _fed(port) in (0.0, -1.0)
+            time.sleep(0.2)
+        hold.unlink()
+        try:
+            wait_until(lambda: _fed(port) == 4, timeout=60, what="the admission window's 4 prompts")
+        except AssertionError:
+            raise AssertionError(output.text(60)) from None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, output.text(40)
