@@ -207,7 +207,18 @@ class RolloutEngine:
         return self.llm is not None and not self.llm.errored
 
     def shutdown(self) -> None:
+        """Stop vLLM. Its engine-core processes are killed first: their own teardown (freeing
+        the model and the KV cache, then a ``gc.collect`` over the whole heap) took 3.5-4 s
+        and 3.2 CPU s of a replica's every stop, for memory the process's exit frees anyway."""
         if self.llm is not None:
+            manager = getattr(getattr(getattr(self.llm, "engine_core", None), "resources", None), "engine_manager", None)
+            stopped = getattr(manager, "manager_stopped", None)
+            if stopped is not None:
+                stopped.set()  # its liveness monitor then takes the exits below as the shutdown they are
+            for proc in getattr(manager, "processes", None) or []:
+                if getattr(proc, "is_alive", lambda: False)():
+                    proc.kill()
+                    proc.join(5)
             self.llm.shutdown()
             self.llm = None
 
