@@ -238,6 +238,9 @@ class JobController:
                     board.write()
                 elif self.history.grown():  # a step ended: read it now, so its validation round starts now
                     self._read_history(bar)
+                    if spec.weights.canary:  # the gate decides at steps: its timeline now, not at the next observation
+                        board.weights = await self._weights_view(self._scrapes.get("trainer", {}))
+                        board.write()
                 if self.history.unlogged or self.tracking.busy:
                     await self.tracking.tick()
                 await asyncio.sleep(self.poll_s)

@@ -23,8 +23,11 @@ from tests.integration.job_faults_support import REPO, Job, assert_ledger_exact
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400)]
 
+# 16 steps: the second candidate (the bad one) must be judged before the job could end, and a
+# good one promoted after the resume; at 8 the faster mesh sometimes finished first (the gate's
+# budget lets the trainer run 6 versions past the promoted one)
 CANARY = ("services.rollout.replicas=2", "weights.rollout.mode=canary", "weights.rollout.on_reject=pause",
-          "async.max_staleness=3", "trainer.total_steps=8", "trainer.save_freq=2")
+          "async.max_staleness=3", "trainer.total_steps=16", "trainer.save_freq=2")
 
 
 def events(st: dict) -> list[tuple[int, str]]:
