@@ -31,22 +31,29 @@ def _fed(port: int) -> float:
     return -1.0
 
 
-async def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
+def write_feeder_views(tmp_path, redis_server, tiny_model, *, name: str, rows: int, batch: int) -> None:
+    """A job of ``rows`` arithmetic prompts, ``batch`` per step, ``max_staleness: 1``, on the
+    test's Redis; its views under ``tmp_path / "views"``."""
     from services.data import synthetic
     from services.data.parquet import write_rows
 
-    train = write_rows(synthetic.arith_rows(50, seed=0, split="train"), tmp_path / "train.parquet")
+    train = write_rows(synthetic.arith_rows(rows, seed=0, split="train"), tmp_path / "train.parquet")
     spec = {
-        "name": "feed-test",
+        "name": name,
         "model": {"path": tiny_model},
-        "data": {"train_files": [str(train)], "max_prompt_length": 32, "train_batch_size": 4},
-        "async": {"max_staleness": 1},  # at most (1 + 1) * 4 = 8 prompts in flight
+        "data": {"train_files": [str(train)], "max_prompt_length": 32, "train_batch_size": batch},
+        "async": {"max_staleness": 1},
         "rollout": {"n": 2},
-        "actor": {"ppo_mini_batch_size": 4},
-        "queues": {"type": "redis", "url": redis_server.url, "namespace": "feedtest"},
+        "actor": {"ppo_mini_batch_size": batch},
+        "queues": {"type": "redis", "url": redis_server.url, "namespace": name.replace("-", "")},
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     assert cli_main(["views", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "views")]) == 0
+
+
+async def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_model):
+    write_feeder_views(tmp_path, redis_server, tiny_model, name="feed-test", rows=50, batch=4)
+    # at most (max_staleness 1 + 1) * 4 = 8 prompts in flight
     proc = subprocess.Popen(
         [sys.executable, "-m", "feeder_svc", "--config", str(tmp_path / "views" / "feeder.yaml"),
          "--poll", "0.1"],
@@ -94,21 +101,8 @@ async def test_a_held_feeder_is_ready_and_feeds_only_once_released(tmp_path, red
     """``--hold FILE`` (how ``meshrl run`` starts the feeder beside the other services): the
     feeder does its imports and tokenizing and announces readiness, puts nothing while the
     file exists, and fills the admission window once it is gone."""
-    from services.data import synthetic
-    from services.data.parquet import write_rows
-
-    train = write_rows(synthetic.arith_rows(20, seed=0, split="train"), tmp_path / "train.parquet")
-    spec = {
-        "name": "hold-test",
-        "model": {"path": tiny_model},
-        "data": {"train_files": [str(train)], "max_prompt_length": 32, "train_batch_size": 2},
-        "async": {"max_staleness": 1},  # at most (1 + 1) * 2 = 4 prompts in flight
-        "rollout": {"n": 2},
-        "actor": {"ppo_mini_batch_size": 2},
-        "queues": {"type": "redis", "url": redis_server.url, "namespace": "holdtest"},
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
-    assert cli_main(["views", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "views")]) == 0
+    write_feeder_views(tmp_path, redis_server, tiny_model, name="hold-test", rows=20, batch=2)
+    # at most (max_staleness 1 + 1) * 2 = 4 prompts in flight
     hold = tmp_path / "feeder.hold"
     hold.touch()
     proc = subprocess.Popen(
