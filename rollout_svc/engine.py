@@ -317,7 +317,7 @@ class RolloutEngine:
             # an already-rendered token input: vLLM validates it in place (a raw prompt dict
             # would be "rendered" on its tokenizer thread pool, a thread hop per request)
             async for out in self.llm.generate({"type": "token", "prompt_token_ids": ids}, params,
-                                               request_id=request_id):
+                                               request_id=request_id, lora_request=self.lora_request):
                 final = out
         except asyncio.CancelledError:
             raise
