@@ -76,12 +76,14 @@ def test_a_job_the_cluster_cannot_place_fails_at_once_naming_what_is_missing(tmp
 
 
 def test_services_land_where_the_spec_asks_and_survive_losing_a_node(tmp_path, tiny_model, arith_data, cluster):
-    # 12 steps: the feeder admits two batches ahead of the trainer, so when the node dies
+    # 60 steps: the feeder admits two batches ahead of the trainer, so when the node dies
     # (at step 1 or a little later) most of the job's prompts are not generated yet. With 4
     # steps, a quiet machine had generated every sample before the kill and the job ended
-    # without needing the replica back (seen in CI).
+    # without needing the replica back (seen in CI); with 12 the same, once a group became one
+    # vLLM request and the job ran faster: the checks between step 1 and the kill take seconds,
+    # and the job must not be able to finish in them (seen in CI, 2026-11-28).
     # the trainer asks for no custom resource, only the node label: only the label puts it on its node
-    job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=12",
+    job = _ray_job(tmp_path / "run", tiny_model, arith_data, cluster, "trainer.total_steps=60",
                    "services.trainer.ray.resources={}", "services.trainer.ray.labels={meshrl-pool: train}").start()
     try:
         job.wait_step(1, timeout=900)
