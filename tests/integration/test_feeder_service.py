@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from meshrl_cli import main as cli_main
+from services.net import terminate_then_kill
 from services.readiness import OutputWatcher
 from tests.integration.gateway_support import wait_until
 
@@ -87,12 +88,7 @@ async def test_feeder_respects_admission_control(tmp_path, redis_server, tiny_mo
         wait_until(lambda: _fed(port) == 11, timeout=30, what="3 more prompts")
     finally:
         await replica.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        terminate_then_kill(proc, grace=20)
     assert proc.returncode == 0, output.text(40)
     assert output.ready is not None and output.ready.service == "feeder"
 
@@ -122,10 +118,5 @@ async def test_a_held_feeder_is_ready_and_feeds_only_once_released(tmp_path, red
         except AssertionError:
             raise AssertionError(output.text(60)) from None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        terminate_then_kill(proc, grace=20)
     assert proc.returncode == 0, output.text(40)
