@@ -88,6 +88,13 @@ class FeedLoop:
             await self._read_trainer()
         return True
 
+    async def recover(self) -> bool:
+        """Rebuild the in-flight set from the ledger now, before anything is fed (the server
+        does it at start, before it holds for the replicas, so a resumed job reports what is
+        still in flight even when it ends on the batches already queued); when the queue
+        cannot be read the first round tries again."""
+        return await self._refresh()
+
     async def round(self, *, refresh: bool = True) -> int:
         """Top the stream up once; returns how many prompts were put."""
         if refresh and not await self._refresh():

@@ -70,6 +70,7 @@ async def serve(view, args, should_stop) -> None:
         try:
             announce_ready("feeder", args.id, {"metrics": f"{server.host}:{server.port}"},
                            prompts=len(feeder.dataset), max_in_flight=loop.limit)
+            await loop.recover()
             while args.hold and os.path.exists(args.hold) and not should_stop():
                 await asyncio.sleep(0.05)
             await loop.run(should_stop, args.poll)

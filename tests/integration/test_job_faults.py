@@ -51,9 +51,10 @@ def test_services_killed_again_and_again_and_the_whole_job_killed_during_a_train
     outlasts the whole job.) The replica never killed follows every restarted trainer (no
     weight group fails to form, no version-lag restart), the feeder never has more than its
     limit in flight (replayed from the broker's file), and the ledger is exact."""
-    # 30 steps: more than the kills below can use up however fast the machine (12 were done
-    # before the fifth kill on a quiet one); the job ends soon after it is resumed anyway
-    job = Job(tmp_path / "run", tiny_model, arith_data, "services.rollout.replicas=2", "trainer.total_steps=30",
+    # 60 steps: more than the kills below can use up however fast the machine (30 were all
+    # done before the fifth kill's restarted trainer stepped once, on a quiet machine after the
+    # mesh got faster); the job ends soon after it is resumed anyway
+    job = Job(tmp_path / "run", tiny_model, arith_data, "services.rollout.replicas=2", "trainer.total_steps=60",
               "weights.transfer_timeout_s=10", "services.restart.max_restarts=6",
               "services.restart.backoff_max_s=2", "services.restart.heartbeat_timeout_s=30").start()
     try:
