@@ -72,8 +72,12 @@ class MeshWorkerExtension:
 
     def meshrl_lora_setup(self, adapter_dir: str) -> bool:
         """This replica serves a LoRA adapter (rollout_svc/lora.py): every version from the
-        channel replaces the adapter's weights; ``adapter_dir`` holds its config."""
+        channel replaces the adapter's weights; ``adapter_dir`` holds its config. On CPU the
+        LoRA layers run one product per adapter, not per token (:mod:`rollout_svc.lora_kernels`)."""
+        from rollout_svc.lora_kernels import install
+
         self._meshrl_lora_dir = adapter_dir
+        install()
         return True
 
     def meshrl_rss_bytes(self) -> dict[str, int]:
