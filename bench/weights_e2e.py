@@ -29,6 +29,12 @@ there; M = the growth of the resident memory of a replica's vLLM worker process 
 holding the model, where the channel is received) during the first update at that size (``VmHWM`` after the update minus ``VmRSS`` before it, the high-water
 mark reset first), i.e. what receiving and loading a version costs on top of the model.
 
+``--model DIR`` measures an existing Hugging Face model directory instead of the built sizes.
+``--lora-rank R`` (with ``--lora-alpha``, ``--target-modules``) measures, in the same run and on
+the same model, full-weight versions and then LoRA adapter versions (the replicas started with
+the job's LoRA keys), and ends on ``weights_e2e lora_rank=R full_bytes=... lora_bytes=...
+bytes_ratio=... full_e2e_s=... lora_e2e_s=... latency_ratio=<full/lora>`` (bench/_lora_weights.py).
+
 Memory: a 500m run holds the trainer's fp32 copy (2 GB) in this process and one model copy
 per replica (plus its 1 GiB KV cache); ``--sizes 10m,100m`` keeps it small.
 """
@@ -61,12 +67,17 @@ SIZES = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10m,100m,500m", help=f"comma-separated, of {sorted(SIZES)}")
-    p.add_argument("--replicas", default="1,2", help="replica counts to measure, ascending (default 1,2)")
+    p.add_argument("--replicas", default=None, help="replica counts to measure, ascending (default 1,2; 1 with "
+                   "--lora-rank)")
     p.add_argument("--rounds", type=int, default=4, help="rounds per setting; the first is dropped (default 4)")
     p.add_argument("--bucket-mb", type=float, default=64.0, help="weight channel bucket size in MiB")
     p.add_argument("--dtype", default="float32", help="the replicas' serving dtype (default float32)")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of every step in seconds")
     p.add_argument("--workdir", default="/tmp/meshrl-bench-weights-e2e", help="where models are built")
+    p.add_argument("--model", default=None, help="an existing HF model directory instead of --sizes")
+    p.add_argument("--lora-rank", type=int, default=0, help="> 0: also measure LoRA adapter versions of this rank")
+    p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha with --lora-rank (default 32)")
+    p.add_argument("--target-modules", default="all-linear", help="LoRA targets: all-linear or a comma list")
     p.add_argument("--role", choices=["main", "tcp"], default="main", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -130,6 +141,7 @@ class Replica:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
                                      start_new_session=True)
         self.output = OutputWatcher(self.proc)
+        self.last_output: tuple[int, float] | None = None  # (first response token, its log-prob), last Generate
         self.lines = self.output.lines
         try:
             ready = self.output.wait(timeout)
@@ -164,6 +176,7 @@ class Replica:
 
         resp = self.stub.Generate(rollout_pb2.RolloutGenerateRequest(frame=item_frame), timeout=timeout)
         out = wire.decode(bytearray(resp.frame))
+        self.last_output = (int(out.batch["responses"][0, 0]), float(out.batch["rollout_log_probs"][0, 0]))
         return int(out.batch["policy_version"][0])
 
     def load_timing(self, version: int, timeout: float) -> str | None:
@@ -295,7 +308,11 @@ class TcpBaseline:
 # ------------------------------------------------------------------ one size
 
 
-def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: int) -> dict:
+def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: int, model_dir: str | None = None,
+             tensors: list | None = None, model_keys: dict | None = None, idle_requests: int = 0) -> dict:
+    """One model (built ``name``, or ``model_dir``); ``tensors`` what each version publishes (default
+    the model's own weights), ``model_keys`` more keys of the replicas' ``model:`` block;
+    ``idle_requests`` Generates timed on the first replica before the rounds (no update going on)."""
     import torch
     import yaml
 
@@ -303,14 +320,14 @@ def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: i
     from trainer_svc.weights.publisher import WeightPublisher
     from services.weights.plan import DTYPES, wire_dtype_for
 
-    model_dir = build_model(name, Path(args.workdir))
-    tensors = trainer_tensors(model_dir)
+    model_dir = Path(model_dir) if model_dir else build_model(name, Path(args.workdir))
+    tensors = trainer_tensors(model_dir) if tensors is None else tensors
     params = sum(t.numel() for _, t in tensors)
     pub = WeightPublisher(WeightChannelConfig(control_port=0, bucket_mb=args.bucket_mb,
                                               transfer_timeout_s=args.timeout)).start()
     port = int(pub.control_address.rsplit(":", 1)[1])
     spec = {
-        "model": {"path": str(model_dir), "dtype": args.dtype},
+        "model": {"path": str(model_dir), "dtype": args.dtype, **(model_keys or {})},
         "rollout": {"prompt_length": 16, "response_length": 1, "max_num_seqs": 4, "max_model_len": 32,
                     "ignore_eos": True},
         "weights": WeightChannelConfig(control_port=port, bucket_mb=args.bucket_mb,
@@ -338,6 +355,12 @@ def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: i
             nbytes = sum(len(v) for v in views)
             tcp = TcpBaseline(count, args.timeout)
             e2e_s, tcp_s, peaks = [], [], []
+            idle_s = []
+            for _ in range(idle_requests):
+                t0 = time.perf_counter()
+                replicas[0].served_version(frame, args.timeout)
+                idle_s.append(time.perf_counter() - t0)
+            idle_out = replicas[0].last_output
             try:
                 for rnd in range(args.rounds):
                     tcp_s.append(tcp.send(views))
@@ -381,7 +404,10 @@ def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: i
             # the first update includes one-time costs (and glibc keeps freed memory for later
             # rounds), so it is the conservative figure; warm rounds show the reuse
             result["runs"][count] = {"e2e_s": med_e2e, "tcp_s": med_tcp, "bytes": nbytes, "peak_extra": peaks[0],
-                                     "peak_extra_warm": max(peaks[warm]), "ratio": med_tcp / med_e2e}
+                                     "peak_extra_warm": max(peaks[warm]), "ratio": med_tcp / med_e2e,
+                                     "served": [r.last_output for r in replicas],
+                                     "idle_request_s": statistics.median(idle_s) if idle_s else None,
+                                     "idle_output": idle_out}
     finally:
         for r in replicas:
             r.kill()
@@ -391,13 +417,33 @@ def run_size(name: str, args: argparse.Namespace, counts: list[int], version0: i
     return result
 
 
+def model_name(model_dir: str) -> str:
+    """A file-name-safe name for a model directory (its last two path parts)."""
+    return "-".join(Path(model_dir).resolve().parts[-2:])
+
+
+def size_line(head: str, res: dict) -> str:
+    parts = []
+    for count, r in res["runs"].items():
+        gib = r["bytes"] / 2**30
+        parts.append(f"replicas={count} e2e_s={r['e2e_s']:.3f} tcp_s={r['tcp_s']:.3f} ratio={r['ratio']:.3f} "
+                     f"s_per_gib={r['e2e_s'] / gib:.3f} peak_extra_mb={r['peak_extra'] / 2**20:.0f} "
+                     f"(warm {r['peak_extra_warm'] / 2**20:.0f})")
+    return f"{head} params={res['params'] / 1e6:.1f}M gib={r['bytes'] / 2**30:.3f} " + " | ".join(parts)
+
+
 def main() -> int:
     args = parse_args()
     if args.role == "tcp":
         return tcp_receiver(args.port)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    bad = [s for s in sizes if s not in SIZES]
+    args.replicas = args.replicas or ("1" if args.lora_rank else "1,2")
+    if args.lora_rank:
+        from _lora_weights import run_lora
+
+        return run_lora(args, sys.modules[__name__])
+    sizes = [model_name(args.model)] if args.model else [s.strip() for s in args.sizes.split(",") if s.strip()]
+    bad = [] if args.model else [s for s in sizes if s not in SIZES]
     if bad:
         print(f"--sizes: unknown {bad} (choose from {sorted(SIZES)})", file=sys.stderr)
         return 2
@@ -410,17 +456,10 @@ def main() -> int:
           f"bucket {args.bucket_mb:g} MiB, serving {args.dtype}", flush=True)
     results, version = [], 0
     for name in sizes:
-        res = run_size(name, args, counts, version)
+        res = run_size(name, args, counts, version, model_dir=args.model)
         version = res["version"]
         results.append(res)
-        parts = []
-        for count, r in res["runs"].items():
-            gib = r["bytes"] / 2**30
-            parts.append(f"replicas={count} e2e_s={r['e2e_s']:.3f} tcp_s={r['tcp_s']:.3f} ratio={r['ratio']:.3f} "
-                         f"s_per_gib={r['e2e_s'] / gib:.3f} peak_extra_mb={r['peak_extra'] / 2**20:.0f} "
-                         f"(warm {r['peak_extra_warm'] / 2**20:.0f})")
-        print(f"size={name} params={res['params'] / 1e6:.1f}M gib={r['bytes'] / 2**30:.3f} " + " | ".join(parts),
-              flush=True)
+        print(size_line(f"size={name}", res), flush=True)
     last = results[-1]["runs"][counts[-1]]
     print(f"weights_e2e ratio_vs_tcp={last['ratio']:.3f} seconds_per_gb={last['e2e_s'] / (last['bytes'] / 2**30):.3f} "
           f"peak_extra_mb={last['peak_extra'] / 2**20:.0f}")
