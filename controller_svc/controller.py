@@ -327,6 +327,9 @@ class JobController:
         state_file = self.run_dir / "feeder.json"
         if not state_file.exists():
             return
+        # every service has stopped: the feeder's position is final (the last observation may
+        # be an interval old, and a short job can end before the first one read it)
+        self._read_fed()
         ckpt = Path(self.spec.trainer.default_local_dir)
         self.ledger.read_checkpoint(ckpt if ckpt.is_absolute() else self.run_dir / ckpt)
         q = make_queue(self._queue_cfg(), stream="experience", group="trainer", consumer="controller",

@@ -101,6 +101,7 @@ def main() -> int:
                                                                    for t in published.values()),
             "model_class": type(worker.model).__name__,
         }))
+    dist.barrier()  # every rank past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 

@@ -74,6 +74,7 @@ def main() -> int:
     if ctx.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(result))
+    dist.barrier()  # every rank past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 

@@ -82,6 +82,7 @@ def main() -> int:
         (out / "result.json").write_text(json.dumps({"steps": steps, "world": ctx.world_size}))
     import torch.distributed as dist
 
+    dist.barrier()  # every rank past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 
@@ -111,6 +112,7 @@ def reuse_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     if ctx.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(res))
+    dist.barrier()  # every rank past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 
@@ -156,6 +158,7 @@ def canary_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     if ctx.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(report))
+    dist.barrier()  # every rank past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 
@@ -209,6 +212,7 @@ def lag0_check(worker, ctx, spec, vocab: int, out: Path) -> int:
     if ctx.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(report))
+    dist.barrier()  # every rank past its last collective before any tears the group down
     dist.destroy_process_group()
     return 0
 
