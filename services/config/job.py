@@ -245,6 +245,10 @@ class TrainerResources(StrictModel):
     ray: RayRequest = Field(default_factory=RayRequest, description=RAY_HELP + "; all ranks share one actor")
 
 
+#: A fleet's name (services.rollout.fleet; docs/fleet.md): lower-case letters, digits, dashes.
+FLEET_NAME = r"[a-z0-9][a-z0-9-]{0,62}"
+
+
 class RolloutResources(StrictModel):
     """The vLLM replicas: how many, on which device, on which ports."""
 
@@ -254,6 +258,11 @@ class RolloutResources(StrictModel):
     grpc_port: int = Field(0, ge=0, le=65535, description="RolloutService gRPC port; 0 picks a free one")
     metrics_port: int = Field(0, ge=0, le=65535, description="/health /ready /metrics HTTP port; 0 picks a free one")
     ray: RayRequest = Field(default_factory=RayRequest, description=RAY_HELP)
+    fleet: str | None = Field(
+        None, pattern=f"^{FLEET_NAME}$",
+        description="attach to this running fleet's warm replicas instead of starting replicas (an adapter job: "
+        "model.lora_rank > 0; replicas, device and ports are then the fleet's; docs/fleet.md)",
+    )
 
 
 class RewardResources(StrictModel):
@@ -394,10 +403,31 @@ class JobSpec(StrictModel):
                 "services.reward.device: cuda is used only by a reward model (reward.reward_model.enable=true); "
                 "the rule/function scorers run on CPU"
             )
-        problems += self._canary_problems()
+        problems += self._canary_problems() + self._fleet_problems()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _fleet_problems(self) -> list[str]:
+        """What ``services.rollout.fleet`` needs from the other blocks (the fleet itself checks
+        the model, rank and lengths when the job attaches)."""
+        fleet = self.services.rollout.fleet
+        if fleet is None:
+            return []
+        out = []
+        if not self.model.lora:
+            out.append(f"services.rollout.fleet={fleet}: a fleet serves adapter jobs only: set model.lora_rank > 0 "
+                       "(a full fine-tuning job starts its own replicas)")
+        if self.services.launcher != "local":
+            out.append(f"services.rollout.fleet={fleet} with services.launcher={self.services.launcher}: a job "
+                       "attaches to a fleet on its own machine (services.launcher=local)")
+        if self.weights.rollout.mode == "canary":
+            out.append(f"services.rollout.fleet={fleet} with weights.rollout.mode=canary: a fleet's replicas serve "
+                       "each job's promoted version only (run the canary on the job's own replicas)")
+        if self.rollout.multi_turn.enable:
+            out.append(f"services.rollout.fleet={fleet} with rollout.multi_turn.enable: a fleet serves single-turn "
+                       "generation only")
+        return out
 
     def _canary_problems(self) -> list[str]:
         """What ``weights.rollout.mode=canary`` needs from the other blocks."""

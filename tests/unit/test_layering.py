@@ -54,7 +54,8 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("services.wire", "services.protocol"),
     ("services.config", "services.data"),
     ("services.metrics", "services.modelling", "services.sandbox", "services.queues", "services.weights"),
-    ("services.procs", "services.supervision", "services.ledger", "services.handoff", "services.entrypoint"),
+    ("services.procs", "services.supervision", "services.ledger", "services.handoff", "services.entrypoint",
+     "services.fleets"),
 )
 #: A string that names a module the way ``importlib.import_module`` or a registry entry
 #: (``"pkg.mod:attr"``) does.

@@ -1,0 +1,176 @@
+"""A job's rollout replicas when they belong to a fleet (``services.rollout.fleet: NAME``).
+
+The job does not start replicas: it hands the fleet its view of each one, and its
+credential, through the fleet's directory (:mod:`services.fleets`), and each of the fleet's
+replicas serves the job's adapter from the job's queues, following the job's weight channel,
+with its metrics on the port the job's view names. :class:`AttachedReplica` stands for one
+of them in the job's mesh with the face of a child service (start, ready, returncode, url,
+stop), so the controller's supervision, scraping, ledger and feeder work unchanged:
+
+- ``start`` writes the job's views (idempotent), ``wait_ready`` waits until the replica
+  reports the job attached (a refusal is the replica's one-line reason, at once);
+- ``returncode`` is None while the replica that reported is alive and still attached; once
+  it died (the fleet restarts it) or dropped the job, 1: the job's supervisor then "restarts"
+  it, which waits for the fleet's replica to come back and take the job again;
+- ``signal`` never reaches the fleet's process: a job may not kill a replica others use;
+  SIGKILL (the job found it stuck) only marks it exited here;
+- ``stop`` of the job's last attached replica takes the job off the fleet.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal as _signal
+import time
+from pathlib import Path
+from typing import Any
+
+from services.fleets import FleetDir
+from services.procs import ServiceFailed
+from services.readiness import Ready
+
+POLL_S = 0.2
+
+
+def fleet_for(name: str) -> FleetDir:
+    """The running fleet ``name`` (ValueError naming the key when it is not running here)."""
+    fdir = FleetDir(name)
+    if not fdir.running():
+        st = fdir.state()
+        how = "has never run here" if st is None else f"is {st.get('state', 'not running')}"
+        raise ValueError(f"services.rollout.fleet: fleet {name!r} {how} ({fdir.path}); start it with "
+                         f"`meshrl fleet start FLEET.yaml`")
+    return fdir
+
+
+class FleetAttachment:
+    """One job on one fleet: the views and credential handed over, and taken back."""
+
+    def __init__(self, fdir: FleetDir, job_id: str, views: dict[str, Path], credential_file: Path) -> None:
+        self.fdir, self.job_id = fdir, job_id
+        self.views = views
+        self.credential_file = credential_file
+        self.attached = False
+
+    def attach(self) -> None:
+        self.fdir.attach(self.job_id, {name: p.read_text() for name, p in self.views.items()},
+                         Path(self.credential_file).read_text())
+        self.attached = True
+
+    def detach(self) -> None:
+        if self.attached:
+            self.fdir.detach(self.job_id)
+            self.attached = False
+
+    def replica(self, name: str, log_path: Path) -> "AttachedReplica":
+        return AttachedReplica(name, self, log_path)
+
+
+def job_id_of(run_dir: Path) -> str:
+    """The job's id on a fleet: its run directory's name, in the characters a fleet takes."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", Path(run_dir).resolve().name).lstrip("._-")[:128] or "job"
+
+
+class AttachedReplica:
+    """One fleet replica in a job's mesh (see module doc)."""
+
+    def __init__(self, name: str, attachment: FleetAttachment, log_path: Path) -> None:
+        self.name = name
+        self.att = attachment
+        self.log_path = log_path
+        self.proc = None  # not this job's process
+        self.kill_reason = ""
+        self.ready: Ready | None = None
+        self._since = 0.0
+        self._killed: int | None = None
+        self.node = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.ready.pid if self.ready is not None else None
+
+    def _report(self) -> dict[str, Any] | None:
+        return self.att.fdir.reports(self.att.job_id).get(self.name)
+
+    def start(self) -> "AttachedReplica":
+        self._since = time.time()
+        self._killed = None
+        self.ready = None
+        self.att.attach()
+        self._note(f"handed to fleet {self.att.fdir.name!r}; waiting for its replica {self.name} to take it")
+        return self
+
+    def wait_ready(self, timeout: float, should_stop=lambda: False) -> Ready | None:
+        deadline = time.monotonic() + timeout
+        while not should_stop():
+            r = self._report()
+            # (a replica the fleet restarted may have taken the job again before this start)
+            if r and r.get("state") == "attached" and _alive(r.get("pid")):
+                self.ready = Ready("rollout", self.name, int(r["pid"]), {"metrics": r["metrics"]})
+                self._note(f"attached (replica pid {r['pid']}, metrics {r['metrics']})")
+                return self.ready
+            if r and r.get("state") == "refused" and r.get("time", 0) >= self._since - 1.0:
+                raise ServiceFailed(f"{self.name} of fleet {self.att.fdir.name!r} refused the job: {r.get('detail')}")
+            if not self.att.fdir.running():
+                raise ServiceFailed(f"{self.name}: fleet {self.att.fdir.name!r} stopped")
+            if time.monotonic() > deadline:
+                raise ServiceFailed(f"{self.name}: fleet {self.att.fdir.name!r} did not take the job within "
+                                    f"{timeout:g}s (its replica's log: {self.att.fdir.log_file(self.name)})")
+            time.sleep(POLL_S)
+        return None
+
+    @property
+    def returncode(self) -> int | None:
+        if self._killed is not None:
+            return self._killed
+        if self.ready is None:
+            return None
+        r = self._report()
+        if r is None or r.get("state") != "attached" or not _alive(r.get("pid")) or int(r["pid"]) != self.ready.pid:
+            return 1
+        return None
+
+    def url(self, endpoint: str = "metrics") -> str:
+        if self.ready is None:
+            raise RuntimeError(f"{self.name} is not attached")
+        return f"http://{self.ready.address(endpoint)}"
+
+    def signal(self, sig: int) -> None:
+        if sig == _signal.SIGKILL:
+            self._killed = -9
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """Take the job off the fleet (once, for all its replicas) and wait until this replica
+        let it go (it returns or delivers what it held of the job)."""
+        self.att.detach()
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            r = self._report()
+            if r is None or r.get("state") != "attached" or not _alive(r.get("pid")):
+                break
+            time.sleep(POLL_S)
+        self._killed = 0 if self._killed is None else self._killed
+        return self._killed
+
+    def wait_exit(self, timeout: float = 60.0) -> None:
+        return None
+
+    def tail(self) -> str:
+        try:
+            return self.att.fdir.log_file(self.name).read_text()[-2000:]
+        except OSError:
+            return ""
+
+    def _note(self, line: str) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {self.name}: {line}\n")
+
+
+def _alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True

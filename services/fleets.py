@@ -1,0 +1,177 @@
+"""The files through which a fleet and the jobs attached to it meet (docs/fleet.md).
+
+A fleet (``fleet_svc``) runs warm rollout replicas; a job's controller never starts or
+signals them. The two meet only in the fleet's directory, ``FLEETS_DIR/<name>/``, which
+belongs to the user running the fleet (0700):
+
+    fleet.yaml                     the fleet's spec, resolved
+    fleet.json                     {"name", "state", "pid", "replicas": [names], "started"}  (the fleet)
+    stop                           exists: the fleet is asked to stop (``meshrl fleet stop``)
+    jobs/<job_id>/<replica>.yaml   the job's rollout view for that replica (its queues, weight
+                                   channel, sampling, the metrics port the job expects it on;
+                                   0600: it may carry the job's queue password)
+    jobs/<job_id>/job.credential   the job's credential (0600): what its broker and publisher ask
+                                   for; the directory removed = the job leaves
+    members/<replica>/<job_id>.json  one replica's state for one job (the replica):
+                                   {"state": attached|refused|detached, "detail", "metrics",
+                                    "served_version", "pid", "time"}
+    logs/<replica>.log             the replica's output
+
+JSON files are replaced whole (write, then rename): a reader sees the old or the new
+content, never half. The jobs' views are written the same way, so a replica never reads
+half a view. ``FLEETS_DIR`` is ``$MESHRL_FLEETS_DIR``, else ``~/.meshrl/fleets``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from services.handoff import read_json, write_json
+
+FLEETS_ENV = "MESHRL_FLEETS_DIR"
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def fleets_root(root: str | os.PathLike | None = None) -> Path:
+    """Where fleets keep their directories: ``root``, ``$MESHRL_FLEETS_DIR``, or ``~/.meshrl/fleets``."""
+    if root:
+        return Path(root)
+    env = os.environ.get(FLEETS_ENV)
+    return Path(env) if env else Path.home() / ".meshrl" / "fleets"
+
+
+class FleetDir:
+    """The directory of fleet ``name`` under ``root`` (see module doc)."""
+
+    def __init__(self, name: str, root: str | os.PathLike | None = None) -> None:
+        self.name = name
+        self.path = fleets_root(root) / name
+
+    # -- paths
+    @property
+    def spec_file(self) -> Path:
+        return self.path / "fleet.yaml"
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / "fleet.json"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.path / "stop"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.path / "jobs"
+
+    def job_dir(self, job_id: str) -> Path:
+        if not JOB_ID.fullmatch(job_id):
+            raise ValueError(f"job id {job_id!r} is not a fleet job id ({JOB_ID.pattern})")
+        return self.jobs_dir / job_id
+
+    def job_view(self, job_id: str, replica: str) -> Path:
+        return self.job_dir(job_id) / f"{replica}.yaml"
+
+    def job_credential(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "job.credential"
+
+    def member_file(self, replica: str, job_id: str) -> Path:
+        return self.path / "members" / replica / f"{job_id}.json"
+
+    def log_file(self, replica: str) -> Path:
+        return self.path / "logs" / f"{replica}.log"
+
+    # -- the fleet's side
+    def create(self, spec_text: str) -> None:
+        """Make the directory (0700) for a fleet starting now: the spec written, a stale
+        stop request and the members' old reports cleared; attached jobs' views are kept
+        (jobs that attached to the fleet before a restart are served again)."""
+        for d in (self.path, self.jobs_dir, self.path / "members", self.path / "logs"):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
+        self.stop_file.unlink(missing_ok=True)
+        for f in (self.path / "members").glob("*/*.json"):
+            f.unlink(missing_ok=True)
+        _write_private(self.spec_file, spec_text)
+
+    def write_state(self, state: str, replicas: list[str], **extra: Any) -> None:
+        write_json(self.state_file, {"name": self.name, "state": state, "pid": os.getpid(), "replicas": replicas,
+                                     "time": time.time(), **extra})
+
+    def state(self) -> dict[str, Any] | None:
+        """The fleet's last state; None if it never ran here."""
+        return read_json(self.state_file)
+
+    def running(self) -> bool:
+        """The fleet's process is alive and says it is ready or starting."""
+        st = self.state()
+        if not st or st.get("state") not in ("starting", "ready"):
+            return False
+        try:
+            os.kill(int(st["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return True
+
+    def request_stop(self) -> None:
+        self.stop_file.touch()
+
+    def stop_requested(self) -> bool:
+        return self.stop_file.exists()
+
+    # -- the jobs' side
+    def attach(self, job_id: str, views: dict[str, str], credential_text: str) -> Path:
+        """Hand the fleet job ``job_id``: its view for each replica (``{replica: YAML}``) and
+        its credential, each file 0600 and written whole, the credential first (a replica
+        takes a job once its view is there)."""
+        d = self.job_dir(job_id)
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        _write_private(self.job_credential(job_id), credential_text)
+        for replica, text in views.items():
+            _write_private(self.job_view(job_id, replica), text)
+        return d
+
+    def detach(self, job_id: str) -> None:
+        """Take job ``job_id`` off the fleet (its replicas stop serving it within a poll)."""
+        d = self.job_dir(job_id)
+        for f in d.glob("*"):
+            f.unlink(missing_ok=True)
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+    def attached(self) -> list[str]:
+        """The ids of the jobs attached now."""
+        if not self.jobs_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.jobs_dir.iterdir() if p.is_dir() and JOB_ID.fullmatch(p.name))
+
+    # -- the replicas' reports
+    def report(self, replica: str, job_id: str, state: str, **extra: Any) -> None:
+        write_json(self.member_file(replica, job_id), {"state": state, "pid": os.getpid(), "time": time.time(),
+                                                         **extra})
+
+    def reports(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """Every replica's last report on job ``job_id``: ``{replica: report}``."""
+        out = {}
+        for f in sorted((self.path / "members").glob(f"*/{job_id}.json")):
+            data = read_json(f)
+            if data is not None:
+                out[f.parent.name] = data
+        return out
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` at once, readable by this user only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
