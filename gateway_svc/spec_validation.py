@@ -46,8 +46,11 @@ def _check_size(raw: Any) -> None:
             stack.extend(node)
 
 
-def validate_spec(spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> ValidSpec:
-    """Parse and validate; raise :class:`SpecRejected` with a message naming the fields."""
+def load_raw(spec: str | dict[str, Any], overrides: Sequence[str] = (), *,
+             blocks: str = "name, model, data, ...", what: str = "job spec") -> dict[str, Any]:
+    """The submitted spec as a mapping (YAML text parsed, size bounded) with its overrides
+    type-checked; :class:`SpecRejected` naming ``spec`` or ``overrides`` otherwise. Shared by
+    job and fleet specs (``blocks``/``what`` only change the message)."""
     if isinstance(spec, str):
         if len(spec.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
             raise SpecRejected(f"spec: larger than {MAX_SPEC_BYTES} bytes")
@@ -61,10 +64,16 @@ def validate_spec(spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> 
         raw = spec
     _check_size(raw)
     if not isinstance(raw, dict):
-        raise SpecRejected(f"spec: a job spec is a mapping of blocks (name, model, data, ...), got {type(raw).__name__}")
+        raise SpecRejected(f"spec: a {what} is a mapping of blocks ({blocks}), got {type(raw).__name__}")
     for item in overrides:
         if not isinstance(item, str):
             raise SpecRejected(f"overrides: each override is a KEY=VALUE string, got {type(item).__name__}")
+    return raw
+
+
+def validate_spec(spec: str | dict[str, Any], overrides: Sequence[str] = ()) -> ValidSpec:
+    """Parse and validate; raise :class:`SpecRejected` with a message naming the fields."""
+    raw = load_raw(spec, overrides)
     try:
         parsed = parse_job(raw, list(overrides))
     except JobSpecError as exc:

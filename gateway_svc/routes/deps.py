@@ -11,9 +11,11 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
 
 from gateway_svc.jobs import JobConflict, JobManager, JobNotFound
 from gateway_svc.models import ErrorBody
+from gateway_svc.spec_validation import MAX_SPEC_BYTES
 
 bearer = HTTPBearer(auto_error=False, description="the gateway token (`--token` / MESHRL_GATEWAY_TOKEN)")
 
@@ -51,3 +53,31 @@ def found(fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise HTTPException(404, str(exc)) from None
     except JobConflict as exc:
         raise HTTPException(409, str(exc)) from None
+
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+
+
+async def read_spec_body(request: Request, body_model: type[BaseModel]) -> tuple[Any, list[str]]:
+    """(spec, overrides) of a submit: JSON ``body_model`` (``spec`` and ``overrides``), or the
+    YAML file itself with ``?override=`` query parameters. 413 over ``MAX_SPEC_BYTES`` (read
+    no further), 415 another content type, 400 a body that is not one of the two."""
+    body = bytearray()
+    async for chunk in request.stream():  # stop reading as soon as the bound is passed
+        body += chunk
+        if len(body) > MAX_SPEC_BYTES:
+            raise HTTPException(413, f"request body over {MAX_SPEC_BYTES} bytes")
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json":
+        try:
+            sub = body_model.model_validate_json(bytes(body))
+        except ValidationError as exc:
+            parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()]
+            raise HTTPException(400, "; ".join(parts)) from None
+        return sub.spec, sub.overrides  # type: ignore[attr-defined]
+    if ctype in YAML_TYPES:
+        try:
+            return bytes(body).decode("utf-8"), request.query_params.getlist("override")
+        except UnicodeDecodeError:
+            raise HTTPException(400, "spec: the YAML body is not UTF-8") from None
+    raise HTTPException(415, f"send the spec as application/json or application/yaml, not {ctype[:100] or 'nothing'!r}")

@@ -7,17 +7,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from gateway_svc.jobs import job_to_dict
 from gateway_svc.models import ErrorBody, Job, JobList, JobStateName, JobSubmit
-from gateway_svc.routes.deps import AUTH, ERRORS, JobId, Manager, found
-from gateway_svc.spec_validation import MAX_SPEC_BYTES, SpecRejected
+from gateway_svc.routes.deps import AUTH, ERRORS, JobId, Manager, found, read_spec_body
+from gateway_svc.spec_validation import SpecRejected
 
 router = APIRouter(tags=["jobs"], dependencies=AUTH)
-
-_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 
 
 @router.post(
@@ -45,30 +42,7 @@ _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
     },  # fmt: skip
 )
 async def submit(request: Request, manager: Manager) -> dict[str, Any]:
-    body = bytearray()
-    async for chunk in request.stream():  # stop reading as soon as the bound is passed
-        body += chunk
-        if len(body) > MAX_SPEC_BYTES:
-            raise HTTPException(413, f"request body over {MAX_SPEC_BYTES} bytes")
-    body = bytes(body)
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype == "application/json":
-        try:
-            sub = JobSubmit.model_validate_json(body)
-        except ValidationError as exc:
-            parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()]
-            raise HTTPException(400, "; ".join(parts)) from None
-        spec, overrides = sub.spec, sub.overrides
-    elif ctype in _YAML_TYPES:
-        try:
-            spec = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise HTTPException(400, "spec: the YAML body is not UTF-8") from None
-        overrides = request.query_params.getlist("override")
-    else:
-        raise HTTPException(
-            415, f"send the spec as application/json or application/yaml, not {ctype[:100] or 'nothing'!r}"
-        )
+    spec, overrides = await read_spec_body(request, JobSubmit)
     try:
         row = await run_in_threadpool(manager.submit, spec, overrides)
     except SpecRejected as exc:
