@@ -3,7 +3,7 @@
     app = create_app(manager, token="s3cret")      # uvicorn.run(app, ...)
 
 The routes live in gateway_svc/routes/, one router per resource (jobs, what a job
-produces, probes, dashboard, docs pages). Every route under ``/v1`` and ``/metrics`` needs
+produces, fleets, probes, dashboard, docs pages). Every route under ``/v1`` and ``/metrics`` needs
 ``Authorization: Bearer <token>`` (compared in constant time); ``/health``, ``/ready``,
 ``/openapi.json``, the docs pages and the dashboard page (static, it carries no data: its
 script calls the API with the token you give it) are open. Every request is written to the
@@ -22,9 +22,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from gateway_svc.fleets import FleetManager
 from gateway_svc.jobs import JobManager
 from gateway_svc.redact import redact_text
 from gateway_svc.routes import dashboard, docs, job_output, jobs, probes
+from gateway_svc.routes import fleets as fleet_routes
 
 access_log = logging.getLogger("meshrl.gateway.access")
 
@@ -57,9 +59,11 @@ class AccessLogFile:
 
 
 def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway",
-               access_log_file: "FilePath | AccessLogFile | None" = None) -> FastAPI:  # fmt: skip
-    """The FastAPI application over ``manager``, guarded by ``token``; every request is logged
-    to ``meshrl.gateway.access`` and appended to ``access_log_file`` when given."""
+               access_log_file: "FilePath | AccessLogFile | None" = None,
+               fleets: "FleetManager | None" = None) -> FastAPI:  # fmt: skip
+    """The FastAPI application over ``manager`` (and ``fleets``: without it the fleet routes
+    answer 404), guarded by ``token``; every request is logged to ``meshrl.gateway.access``
+    and appended to ``access_log_file`` when given."""
     if not token:
         raise ValueError("the gateway needs a non-empty token")
     app = FastAPI(
@@ -71,6 +75,7 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
     )
     # What the routes' dependencies read (gateway_svc/routes/deps.py).
     app.state.manager = manager
+    app.state.fleets = fleets
     app.state.token = token.encode()
     app.state.metrics = probes.GatewayMetrics()
     log = access_log_file if isinstance(access_log_file, AccessLogFile) else AccessLogFile(access_log_file)
@@ -78,7 +83,7 @@ def create_app(manager: JobManager, token: str, *, title: str = "meshrl gateway"
     app.mount("/static", StaticFiles(directory=docs.static_dir()), name="static")
     app.middleware("http")(_log_access)
     app.add_exception_handler(RequestValidationError, _invalid_request)
-    for router in (docs.router, probes.router, dashboard.router, jobs.router, job_output.router):
+    for router in (docs.router, probes.router, dashboard.router, jobs.router, job_output.router, fleet_routes.router):
         app.include_router(router)
     return app
 

@@ -4,7 +4,8 @@
 
 Auth is the metadata ``authorization: Bearer <token>`` (constant-time compare); errors map
 to status codes: UNAUTHENTICATED, INVALID_ARGUMENT (bad spec, names the fields), NOT_FOUND,
-FAILED_PRECONDITION (state does not allow it).
+FAILED_PRECONDITION (state does not allow it). The fleet methods (StartFleet, ListFleets,
+GetFleet, StopFleet) go to the gateway's :class:`~gateway_svc.fleets.FleetManager`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Callable
 
 import grpc
 
+from gateway_svc.fleets import FleetConflict, FleetLaunchError, FleetManager, FleetNotFound, FleetStillStopping
 from gateway_svc.jobs import JobConflict, JobManager, JobNotFound, job_to_dict
 from gateway_svc.logs import MAX_TAIL_LINES, UnknownLog
 from gateway_svc.spec_validation import SpecRejected
@@ -78,13 +80,36 @@ def job_msg(job: dict[str, Any]) -> job_pb2.JobInfo:
     return msg
 
 
+def fleet_msg(fleet: dict[str, Any]) -> job_pb2.FleetInfo:
+    """A fleet's public view (gateway_svc/fleets.py) -> FleetInfo."""
+    msg = job_pb2.FleetInfo(name=fleet["name"], state=fleet["state"], detail=fleet.get("detail") or "",
+                            model=fleet.get("model") or "", spec_yaml=fleet.get("spec") or "")  # fmt: skip
+    for key in ("pid", "max_jobs", "max_lora_rank", "started_at", "updated_at"):
+        if fleet.get(key) is not None:
+            setattr(msg, key, fleet[key])
+    for name, r in fleet.get("replicas", {}).items():
+        rep = msg.replicas[name]
+        rep.alive, rep.ready, rep.restarts, rep.metrics = r["alive"], r["ready"], r["restarts"], r["metrics"] or ""
+        if r.get("pid") is not None:
+            rep.pid = r["pid"]
+    for job, reports in fleet.get("jobs", {}).items():
+        for name, r in reports.items():
+            rep = msg.jobs[job].replicas[name]
+            rep.state, rep.detail, rep.metrics = r["state"], r["detail"], r["metrics"] or ""
+            for key in ("served_version", "pid", "time"):
+                if r.get(key) is not None:
+                    setattr(rep, key, r[key])
+    return msg
+
+
 class JobServicer(job_pb2_grpc.JobServiceServicer):
     """Implements JobService; every method checks the token first."""
 
-    def __init__(self, manager: JobManager, token: str) -> None:
+    def __init__(self, manager: JobManager, token: str, fleets: FleetManager | None = None) -> None:
         if not token:
             raise ValueError("the gateway needs a non-empty token")
         self.manager = manager
+        self.fleets = fleets
         self._expected = token.encode()
 
     def _check(self, context: grpc.ServicerContext) -> None:
@@ -107,6 +132,19 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except UnknownLog as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except FleetNotFound as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except FleetConflict as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except FleetLaunchError as exc:
+            context.abort(grpc.StatusCode.INTERNAL, str(exc))
+
+    def _fleets(self, context: grpc.ServicerContext) -> FleetManager:
+        """The token checked, the gateway's fleets (NOT_FOUND on a gateway without them)."""
+        self._check(context)
+        if self.fleets is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "this gateway runs no fleets")
+        return self.fleets  # type: ignore[return-value]
 
     def SubmitJob(self, request, context):  # noqa: N802 (gRPC names)
         row = self._call(context, self.manager.submit, request.spec_yaml, list(request.overrides))
@@ -174,6 +212,29 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
                 yield job_pb2.JobLogChunk(data=data)
 
 
+    def StartFleet(self, request, context):  # noqa: N802
+        fleets = self._fleets(context)
+        return fleet_msg(self._call(context, fleets.start, request.spec_yaml, list(request.overrides)))
+
+    def ListFleets(self, request, context):  # noqa: N802
+        fleets = self._fleets(context)
+        return job_pb2.FleetListReply(fleets=[fleet_msg(f) for f in self._call(context, fleets.list)])
+
+    def GetFleet(self, request, context):  # noqa: N802
+        fleets = self._fleets(context)
+        return fleet_msg(self._call(context, fleets.get, request.name, with_spec=True))
+
+    def StopFleet(self, request, context):  # noqa: N802
+        fleets = self._fleets(context)
+        if not (0.0 <= request.timeout_s <= 600):  # also refuses NaN
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "timeout_s: between 0 and 600")
+        try:
+            view = self._call(context, fleets.stop, request.name, timeout=request.timeout_s or 60.0)
+        except FleetStillStopping as exc:  # asked to stop, not stopped yet: the reply says "stopping"
+            view = exc.view
+        return fleet_msg(view)
+
+
 class AccessLog(grpc.ServerInterceptor):
     """One access-log line per call: peer, method, status code, milliseconds (never the request)."""
 
@@ -225,14 +286,15 @@ class AccessLog(grpc.ServerInterceptor):
 
 def start_grpc(
     manager: JobManager, token: str, *, host: str = "127.0.0.1", port: int = 0, workers: int = 8,
-    access_log: Callable[[str], None] | None = None,
+    access_log: Callable[[str], None] | None = None, fleets: FleetManager | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start a JobService server; return it and the bound port. ``access_log`` gets one line per call."""
+    """Start a JobService server; return it and the bound port. ``access_log`` gets one line per
+    call; ``fleets``: the gateway's fleets (without it the fleet methods answer NOT_FOUND)."""
     log = logging.getLogger("meshrl.gateway.access")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="jobservice"),
                          interceptors=[AccessLog(access_log or log.info)],
                          options=[("grpc.so_reuseport", 0)])  # never share a port silently
-    job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(manager, token), server)
+    job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(manager, token, fleets), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind the JobService to {host}:{port}")

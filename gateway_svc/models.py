@@ -141,3 +141,65 @@ class JobEvents(BaseModel):
     id: str
     state: JobStateName
     events: list[JobEvent] = Field(description="oldest first; pass the last `ts` as `since` to get only new ones")
+
+
+FleetStateName = Literal["starting", "ready", "stopping", "stopped", "failed"]
+
+
+class FleetSubmit(BaseModel):
+    """``POST /v1/fleets`` as JSON. (Send ``application/yaml`` instead to post the fleet's YAML
+    file itself, with overrides as repeated ``override`` query parameters.)"""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str | dict[str, Any] = Field(
+        description="the fleet spec (name, model, rollout, replicas, max_jobs; docs/fleet.md): YAML text, or the "
+        "same structure as a JSON object"
+    )
+    overrides: list[str] = Field(
+        default_factory=list, max_length=256, description="`a.b=c` overrides applied to the spec"
+    )
+
+
+class FleetReplica(BaseModel):
+    """One rollout replica of a fleet, as the fleet last reported it."""
+
+    alive: bool = Field(description="its process runs")
+    ready: bool = Field(description="it answered ready since its last start")
+    restarts: int = Field(description="times the fleet restarted it")
+    metrics: str | None = Field(None, description="its /health /ready /metrics URL")
+    pid: int | None = Field(None, description="its process id")
+
+
+class FleetJobReport(BaseModel):
+    """One replica's report on one attached job."""
+
+    state: str = Field(description="attached | refused | detached | failed")
+    detail: str = Field("", description="why it refused, detached or failed")
+    served_version: int | None = Field(None, description="the job's adapter version it served when it attached")
+    metrics: str | None = Field(None, description="host:port where it serves the job's /metrics")
+    pid: int | None = Field(None, description="the replica's process id")
+    time: float | None = Field(None, description="unix seconds of the report")
+
+
+class Fleet(BaseModel):
+    """A fleet of warm rollout replicas run by the gateway (docs/fleet.md)."""
+
+    name: str = Field(description="the fleet's name; jobs attach with services.rollout.fleet: NAME")
+    state: FleetStateName = Field(description="lifecycle state")
+    detail: str = Field("", description="why it failed (with the end of its log), or what it is doing")
+    pid: int | None = Field(None, description="the fleet's process id")
+    model: str | None = Field(None, description="the base model every job's adapter sits on")
+    max_jobs: int | None = Field(None, description="adapter slots per replica")
+    max_lora_rank: int | None = Field(None, description="the largest adapter rank a job may bring")
+    replicas: dict[str, FleetReplica] = Field(default_factory=dict, description="replica name -> its state")
+    jobs: dict[str, dict[str, FleetJobReport]] = Field(
+        default_factory=dict, description="attached job id -> {replica name -> that replica's report on the job}"
+    )
+    started_at: float | None = Field(None, description="unix seconds when the gateway started it")
+    updated_at: float | None = Field(None, description="unix seconds of the fleet's last state")
+    spec: str | None = Field(None, description="the resolved spec (YAML); only in `GET /v1/fleets/{name}`")
+
+
+class FleetList(BaseModel):
+    fleets: list[Fleet] = Field(description="by name")

@@ -91,10 +91,18 @@ class Gateway:
             poll_interval=settings.poll_interval, cancel_timeout=settings.cancel_timeout,
             max_running_jobs=settings.max_running_jobs, policy=self.policy, excluded_inputs=excluded,
         )  # fmt: skip
+        # Fleets (docs/fleet.md): children of this gateway under RUNS_DIR/fleets, its jobs'
+        # MESHRL_FLEETS_DIR, so a job naming services.rollout.fleet attaches to them.
+        from gateway_svc.fleets import FleetManager, fleets_dir
+        from services.fleets import FLEETS_ENV
+
+        self.fleets = FleetManager(fleets_dir(runs), self.policy, excluded_inputs=[runs, *excluded])
+        if self.launcher.kind == "local":
+            self.launcher.env[FLEETS_ENV] = str(self.fleets.root)  # type: ignore[attr-defined]
         from gateway_svc.app import AccessLogFile
 
         self.access_log = AccessLogFile(settings.access_log or runs / "gateway-access.log")
-        self.app = create_app(self.manager, settings.token, access_log_file=self.access_log)
+        self.app = create_app(self.manager, settings.token, access_log_file=self.access_log, fleets=self.fleets)
         config = uvicorn.Config(
             self.app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
             timeout_graceful_shutdown=5,
@@ -128,7 +136,7 @@ class Gateway:
         if self.settings.grpc_port is not None:
             self._grpc, self.grpc_port = start_grpc(
                 self.manager, self.settings.token, host=self.settings.host, port=self.settings.grpc_port,
-                access_log=self.access_log,
+                access_log=self.access_log, fleets=self.fleets,
             )
         self._http_thread = threading.Thread(target=self._uvicorn.run, name="gateway-http", daemon=True)
         self._http_thread.start()
@@ -144,7 +152,7 @@ class Gateway:
 
     def serve_forever(self) -> None:
         """Block until SIGINT/SIGTERM (call from the main thread), then stop cleanly.
-        Running jobs are left running: a restarted gateway finds them again."""
+        Running jobs and fleets are left running: a restarted gateway finds them again."""
         import signal
 
         assert self._http_thread is not None

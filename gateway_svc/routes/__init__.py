@@ -5,6 +5,7 @@
     probes.py      /health, /ready and the gateway's /metrics
     dashboard.py   / and /dashboard
     jobs.py        /v1/jobs: submit, list, get, cancel / pause / resume
+    fleets.py      /v1/fleets: start, list, get, stop (gateway_svc/fleets.py)
     job_output.py  what a job produces: /v1/jobs/{id}/metrics, /events, /logs
 
 A route reaches the gateway's state through FastAPI dependencies on ``request.app.state``

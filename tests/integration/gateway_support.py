@@ -14,6 +14,7 @@ import yaml
 from gateway_svc.launchers.local import LocalLauncher
 
 FAKE_JOB = Path(__file__).with_name("gateway_fake_job.py")
+FAKE_FLEET = Path(__file__).with_name("gateway_fake_fleet.py")
 TOKEN = "test-token-0123456789"
 
 
@@ -62,9 +63,12 @@ def wait_until(pred: Callable[[], Any], timeout: float = 20.0, what: str = "cond
 @contextmanager
 def running_gateway(tmp_path: Path, launcher: LocalLauncher, db_url: str | None = None, grpc: bool = True,
                     allow: list[str] | None = None, input_roots: list[Path] | None = None,
-                    token_file: Path | None = None) -> Iterator[Any]:  # fmt: skip
-    """A real gateway (uvicorn + gRPC) on free loopback ports; stopped and jobs cancelled after.
-    Its input roots: the stand-in files' directory and ``tmp_path`` (unless given)."""
+                    token_file: Path | None = None, fleet_command: list[str] | None = None,
+                    fleet_env: dict[str, str] | None = None, keep_fleets: bool = False) -> Iterator[Any]:  # fmt: skip
+    """A real gateway (uvicorn + gRPC) on free loopback ports; stopped and jobs cancelled after,
+    and its fleets stopped (unless ``keep_fleets``: a restarted gateway is to find them).
+    Its input roots: the stand-in files' directory and ``tmp_path`` (unless given).
+    ``fleet_command``: its fleets' program (default the real ``python -m fleet_svc start``)."""
     from gateway_svc.server import Gateway, GatewaySettings
 
     if input_roots is None:
@@ -74,14 +78,39 @@ def running_gateway(tmp_path: Path, launcher: LocalLauncher, db_url: str | None 
         runs_dir=tmp_path / "runs", poll_interval=0.1, cancel_timeout=2.0, allow=allow or [],
         input_roots=input_roots, token_file=token_file,
     )  # fmt: skip
-    gw = Gateway(settings, launcher=launcher).start()
+    gw = Gateway(settings, launcher=launcher)
+    if fleet_command is not None:
+        gw.fleets.command = list(fleet_command)
+    gw.fleets.env.update(fleet_env or {})
+    gw.start()
     try:
         yield gw
     finally:
         for row in gw.store.list(limit=1000):
             if row.handle and row.state in ("running", "paused", "pending", "cancelled"):
                 launcher.cancel(row.handle, timeout=2.0)
+        if not keep_fleets:
+            stop_fleets(gw.fleets)
         gw.stop()
+
+
+def stop_fleets(fleets: Any, timeout: float = 120.0) -> None:
+    """Stop every running fleet of a gateway's FleetManager (their own stop protocol; SIGKILL
+    to the fleet's process group if it is still there after ``timeout``)."""
+    import os
+    import signal
+
+    for view in fleets.list():
+        if view["state"] not in ("starting", "ready", "stopping"):
+            continue
+        try:
+            fleets.stop(view["name"], timeout=timeout)
+        except Exception:  # noqa: BLE001 -- still there: end its whole group
+            if view.get("pid"):
+                try:
+                    os.killpg(view["pid"], signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def auth(token: str = TOKEN) -> dict[str, str]:

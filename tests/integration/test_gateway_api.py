@@ -30,7 +30,7 @@ def _routes() -> list[tuple[str, str]]:
     for route in app.routes:
         if not isinstance(route, APIRoute) or route.path in PUBLIC or route.path.startswith("/static"):
             continue
-        path = route.path.replace("{job_id}", "x-1").replace("{service}", "job")
+        path = route.path.replace("{job_id}", "x-1").replace("{service}", "job").replace("{name}", "x")
         for method in sorted(route.methods - {"HEAD", "OPTIONS"}):
             out.append((method, path))
     return out
@@ -43,6 +43,8 @@ def test_the_route_list_has_every_v1_route_and_the_events():
     paths = {p for _, p in ROUTES}
     assert {"/v1/jobs", "/v1/jobs/x-1", "/v1/jobs/x-1/metrics", "/v1/jobs/x-1/events", "/v1/jobs/x-1/logs",
             "/v1/jobs/x-1:cancel", "/v1/jobs/x-1:pause", "/v1/jobs/x-1:resume", "/metrics"} <= paths, paths
+    assert {("POST", "/v1/fleets"), ("GET", "/v1/fleets"), ("GET", "/v1/fleets/x"), ("DELETE", "/v1/fleets/x")} <= set(
+        ROUTES), ROUTES
 
 
 @pytest.fixture(scope="module")
