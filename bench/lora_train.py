@@ -16,7 +16,9 @@ gradient checkpointing in the full fine-tuning run only (``--checkpointing``): t
 adapter run does not spend on the base's gradients and AdamW moments (1.6 GB for SmolLM2 in
 float32) holds the activations instead, which saves the backward's second forward. ``--model`` is a local Hugging Face directory (the examples':
 ``runs/smollm2/model``, written by ``meshrl make-model smollm2-135m-instruct``); without it a
-tiny random model is built here.
+tiny random model is built here. ``--lora-layer peft`` runs the adapter with PEFT's own LoRA
+layers instead of the trainer's fused ones (``trainer_svc/lora_linear.py``): the trainer as it
+was before them.
 
     python bench/lora_train.py --model runs/smollm2/model [--rank 16 --reps 3 --threads 1]
 
@@ -50,6 +52,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpointing", choices=("full", "lora", "both", "none"), default="full",
                    help="which side recomputes activations in the backward (gradient checkpointing); "
                         "default as the examples: full fine-tuning does, the adapter run does not")
+    p.add_argument("--lora-layer", choices=("fused", "peft"), default="fused",
+                   help="the adapter run's LoRA linear layers: the trainer's fused ones (trainer_svc/lora_linear.py) "
+                        "or PEFT's own (the trainer before them)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: all cores)")
     return p.parse_args()
@@ -63,9 +68,14 @@ def main() -> int:
     from services.config.views import TrainerView
     from services.modelling.tiny import TinyModelSpec, build_tiny_model
     from services.net import free_port
+    from trainer_svc import worker as worker_module
     from trainer_svc.fsdp import init_distributed
+    from trainer_svc.lora import apply_lora
     from trainer_svc.synthetic import make_batch
     from trainer_svc.worker import TrainerWorker
+
+    if args.lora_layer == "peft":  # the trainer's apply_lora, without switching PEFT's layers to the fused ones
+        worker_module.apply_lora = lambda model, mcfg: apply_lora(model, mcfg, fused=False)
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -108,7 +118,8 @@ def main() -> int:
     bf, bl = min(t_full), min(t_lora)
     print(f"model: {args.model or 'tiny'}, {total / 1e6:.1f}M params; adapter rank {args.rank} on {args.targets}: "
           f"{trainable / 1e6:.2f}M trainable; batch {args.groups}x{args.n}, micro {args.micro}, "
-          f"gradient checkpointing: {args.checkpointing}; threads {torch.get_num_threads()}; CPU seconds per step")
+          f"gradient checkpointing: {args.checkpointing}; LoRA layers: {args.lora_layer}; "
+          f"threads {torch.get_num_threads()}; CPU seconds per step")
     print(f"full: best {bf:.2f} median {statistics.median(t_full):.2f} {[round(t, 2) for t in t_full]}")
     print(f"lora: best {bl:.2f} median {statistics.median(t_lora):.2f} {[round(t, 2) for t in t_lora]}")
     print(f"lora_train cpu_ratio={bl / bf:.3f} full_s={bf:.2f} lora_s={bl:.2f} trainable={trainable / total:.4f}")

@@ -26,6 +26,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from services.config.lora import resolve_targets, target_problems
+from trainer_svc.lora_linear import fuse_lora_linears
 
 ADAPTER_NAME = "default"  # PEFT's name of the one adapter; left out of the saved names
 
@@ -69,9 +70,12 @@ def lora_config(mcfg: Any, widths: dict[str, tuple[int, int]]):
                       lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
 
 
-def apply_lora(model: torch.nn.Module, mcfg: Any) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, mcfg: Any, *, fused: bool = True) -> torch.nn.Module:
     """Wrap ``model`` (a loaded Hugging Face causal LM) in a PEFT LoRA adapter per the job's
-    model block (``mcfg``); the base parameters are frozen. Raises :class:`LoraSetupError`
+    model block (``mcfg``); the base parameters are frozen. With ``fused`` (the trainer's
+    choice) the LoRA linear layers run :mod:`trainer_svc.lora_linear`'s fused forward and
+    backward (same parameters, names and results as PEFT's own; ``fused=False`` keeps PEFT's,
+    which the benchmark and tests compare against). Raises :class:`LoraSetupError`
     when the keys do not fit the model (unknown target modules, a rank above a targeted
     layer's width)."""
     from peft import PeftModel, get_peft_model
@@ -95,6 +99,8 @@ def apply_lora(model: torch.nn.Module, mcfg: Any) -> torch.nn.Module:
         peft = get_peft_model(model, lora_config(mcfg, widths), autocast_adapter_dtype=False)
     for name, p in peft.named_parameters():
         p.requires_grad_(".lora_" in name)
+    if fused:
+        fuse_lora_linears(peft)
     return peft
 
 
