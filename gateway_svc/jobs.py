@@ -32,7 +32,7 @@ import yaml
 
 from gateway_svc import logs as joblogs
 from gateway_svc import redact
-from gateway_svc.policy import OperatorPolicy, policy_problems
+from gateway_svc.policy import OperatorPolicy, inline_tool_config, policy_problems
 from gateway_svc.spec_validation import SpecRejected, validate_spec
 from gateway_svc.store import JobRow, JobStore
 from gateway_svc.launchers.base import JobState, LaunchError, Launcher
@@ -191,9 +191,14 @@ class JobManager:
             raise SpecRejected(f"name: {valid.name!r} is not a job name (lowercase letters, digits and '-', "
                                "at most 63 characters)")
         job_id = f"{valid.name}-{secrets.token_hex(4)}"
+        # a tool config file's tools go into the spec (checked now, never read again by the job)
+        raw = yaml.safe_load(valid.resolved_yaml)
+        tool_file = (raw.get("rollout") or {}).get("multi_turn", {}).get("tool_config_path")
+        raw, problems = inline_tool_config(raw, self.policy, self.excluded_inputs)
+        if tool_file and not problems and raw["rollout"]["multi_turn"]["tool_config_path"] is None:
+            valid = validate_spec(raw)  # what is stored and launched carries the file's tools
         # what the operator allows (capabilities, input roots) and outputs inside the run dir
-        problems = policy_problems(yaml.safe_load(valid.resolved_yaml), self.policy, self.runs_dir / job_id,
-                                   excluded=self.excluded_inputs)
+        problems += policy_problems(raw, self.policy, self.runs_dir / job_id, excluded=self.excluded_inputs)
         if problems:
             raise SpecRejected("invalid job spec:\n" + "\n".join(f"  {p}" for p in problems))
         # Secrets (queues.password, a URL's password) are stored and shown as "***"; the real

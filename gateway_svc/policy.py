@@ -14,8 +14,10 @@ INVALID_ARGUMENT):
   ``reward.allow_network`` or a tool's ``allow_network`` needs ``network``; a tool with
   ``sandbox: false`` needs ``unsandboxed_tools``; a bind address other than loopback
   (``services.host``, ``weights.host``, the embedded broker's ``queues.address``) needs
-  ``bind_any``. ``weak_sandbox`` lets user code run in the weaker process sandbox where
-  bubblewrap cannot run (it is handed to the job as ``MESHRL_SANDBOX_WEAK=1``).
+  ``bind_any``; the same for the tools of a ``tool_config_path`` file, which the gateway
+  reads once and moves into the spec (:func:`inline_tool_config`). ``weak_sandbox`` lets
+  user code run in the weaker process sandbox where bubblewrap cannot run (it is handed to
+  the job as ``MESHRL_SANDBOX_WEAK=1``).
 * **inputs** (model, tokenizer, data, chat template file, reward function, reward model,
   critic, tool config, TLS files) must be absolute and lie under one of the input roots
   once every symlink is resolved; a reward function must be a ``.py`` file (or a dotted
@@ -34,6 +36,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 #: Everything ``--allow`` can open.
 CAPABILITIES = ("trust_remote_code", "network", "unsandboxed_tools", "bind_any", "weak_sandbox")
@@ -123,12 +127,7 @@ def _capability_problems(spec: dict[str, Any], allow: frozenset[str]) -> list[st
         need("network", "reward.allow_network", "network access for user code")
     tools = _get(spec, "rollout.multi_turn.tools") or []
     for i, tool in enumerate(tools if isinstance(tools, list) else []):
-        if not isinstance(tool, dict):
-            continue
-        if tool.get("allow_network") is True:
-            need("network", f"rollout.multi_turn.tools[{i}].allow_network", "network access for user code")
-        if tool.get("sandbox") is False:
-            need("unsandboxed_tools", f"rollout.multi_turn.tools[{i}].sandbox", "a tool outside the sandbox")
+        out += _tool_problems(tool, f"rollout.multi_turn.tools[{i}]", allow)
     for name in ("services.host", "weights.host"):
         host = _get(spec, name)
         if isinstance(host, str) and host and not is_loopback(host):
@@ -139,6 +138,80 @@ def _capability_problems(spec: dict[str, Any], allow: frozenset[str]) -> list[st
         if not is_loopback(host):
             need("bind_any", "queues.address", f"listening on {host!r} (not loopback)")
     return out
+
+
+def _tool_problems(tool: Any, name: str, allow: frozenset[str]) -> list[str]:
+    """What one tool entry (a spec's or a tool config file's) asks for beyond ``allow``."""
+    out: list[str] = []
+    if not isinstance(tool, dict):
+        return out  # the spec's own validation speaks about types
+    if tool.get("allow_network") is True and "network" not in allow:
+        out.append(f"{name}.allow_network: network access for user code is not allowed by this gateway (its "
+                   "operator can open it with --allow network)")
+    if tool.get("sandbox") is False and "unsandboxed_tools" not in allow:
+        out.append(f"{name}.sandbox: a tool outside the sandbox is not allowed by this gateway (its operator can "
+                   "open it with --allow unsandboxed_tools)")
+    return out
+
+
+#: The largest tool config file the gateway reads at submit, in bytes and in values.
+TOOL_CONFIG_MAX_BYTES = 1 << 20
+TOOL_CONFIG_MAX_VALUES = 100_000
+
+
+def _more_values_than(node: Any, limit: int) -> bool:
+    """Does ``node`` hold more than ``limit`` values (aliases counted each time they appear)?
+    The walk stops as soon as the limit is passed."""
+    stack, seen = [node], 0
+    while stack:
+        n = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(n, dict):
+            stack.extend(n.keys())
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+    return False
+TOOL_CONFIG = "rollout.multi_turn.tool_config_path"
+
+
+def inline_tool_config(spec: dict[str, Any], policy: OperatorPolicy,
+                       excluded: Sequence[Path] = ()) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    """Move the tools of ``rollout.multi_turn.tool_config_path`` into ``rollout.multi_turn.tools``
+    (``spec`` changed in place and returned) and say what they ask for beyond the policy, each
+    problem named ``rollout.multi_turn.tool_config_path: tools[i].<field>``.
+
+    The file is a job input the client may have written, and a tool entry in it can ask for
+    ``sandbox: false`` or ``allow_network``, which the spec alone cannot show. Once inlined, the
+    job never reads the file: what it runs is what was checked here, whatever the file says
+    later. A path that is no allowed input is left as it is (:func:`policy_problems` refuses it)."""
+    path = _get(spec, TOOL_CONFIG)
+    if not isinstance(path, str) or not path:
+        return spec, []
+    if _input_problems({"rollout": {"multi_turn": {"tool_config_path": path}}}, policy.input_roots, excluded):
+        return spec, []
+    try:
+        with open(os.path.realpath(path), "rb") as fh:
+            data = fh.read(TOOL_CONFIG_MAX_BYTES + 1)
+        if len(data) > TOOL_CONFIG_MAX_BYTES:
+            return spec, [f"{TOOL_CONFIG}: {path} is larger than {TOOL_CONFIG_MAX_BYTES} bytes"]
+        raw = yaml.safe_load(data.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, RecursionError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return spec, [f"{TOOL_CONFIG}: cannot read {path}: {why}"]
+    if _more_values_than(raw, TOOL_CONFIG_MAX_VALUES):  # YAML aliases can make a small file expand exponentially
+        return spec, [f"{TOOL_CONFIG}: {path} has more than {TOOL_CONFIG_MAX_VALUES} values once aliases are expanded"]
+    items = raw.get("tools") if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        return spec, [f"{TOOL_CONFIG}: {path} has no `tools:` list"]
+    problems = [p for i, item in enumerate(items)
+                for p in _tool_problems(item, f"{TOOL_CONFIG}: tools[{i}]", policy.allow)]
+    multi_turn = spec["rollout"]["multi_turn"]
+    multi_turn["tools"] = [*(multi_turn.get("tools") or []), *items]
+    multi_turn["tool_config_path"] = None
+    return spec, problems
 
 
 def _input_problems(spec: dict[str, Any], roots: Sequence[Path], excluded: Sequence[Path] = ()) -> list[str]:
@@ -200,4 +273,5 @@ def policy_problems(spec: dict[str, Any], policy: OperatorPolicy, run_dir: Path,
             *_output_problems(spec, run_dir)]
 
 
-__all__ = ["CAPABILITIES", "INPUT_FIELDS", "OUTPUT_FIELDS", "OperatorPolicy", "is_loopback", "policy_problems"]
+__all__ = ["CAPABILITIES", "INPUT_FIELDS", "OUTPUT_FIELDS", "OperatorPolicy", "TOOL_CONFIG_MAX_BYTES",
+           "inline_tool_config", "is_loopback", "policy_problems"]

@@ -38,7 +38,7 @@ _SECRET_KEY = re.compile(_SECRET_WORDS, re.I)
 #: column names.
 NOT_SECRET = re.compile(
     r"(_path|_paths|_file|_files|_dir|_env|_ids|_id|_len|_length|_per_gpu|_per_turn|_column|_columns)$"
-    r"|tokenizer|tokens|^prompt_key$|^reward_fn_key$|^keys?$|_key_?len", re.I)
+    r"|tokenizer|tokens|^prompt_key$|^reward_fn_key$|_key_?len", re.I)
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)(@)")
 _BEARER = re.compile(r"(\b(?:Bearer|Basic|Token)\s+)([A-Za-z0-9._~+/=-]{4,})", re.I)
 _KEY_VALUE = re.compile(

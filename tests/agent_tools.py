@@ -168,4 +168,26 @@ class Snoop(Tool):
         with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "scratch.txt")) as fh:
             out["scratch"] = fh.read()
         out["uid"] = os.getuid()
+        out["limits"] = _limits()
         return json.dumps(out)
+
+
+def _limits() -> dict:
+    """This process's resource limits, whether it can raise one, and its descriptors' targets."""
+    import resource
+
+    out: dict = {name: list(resource.getrlimit(getattr(resource, "RLIMIT_" + name)))
+                 for name in ("AS", "CPU", "NPROC", "FSIZE", "NOFILE", "CORE")}
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (out["NPROC"][0] + 1, out["NPROC"][1] + 1))
+        out["raise"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - the outcome is the answer
+        out["raise"] = type(exc).__name__
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    out["fds"] = fds
+    return out

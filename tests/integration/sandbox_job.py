@@ -9,7 +9,8 @@ tool the replica would start (``rollout_svc.tools.sandbox.ToolSandbox``), with t
 inputs handed down as ``meshrl run`` hands them (``controller_svc.mesh.sandbox_inputs``).
 Then it scores one sample and calls each tool once with the probe in
 ``DIR/probe-request.json`` (written by the test after submit; the driver waits for it),
-writes what came back to ``DIR/probe.json``, and keeps the workers alive (their bwrap pids
+writes what came back to ``DIR/probe.json`` (the job's credential is held open, inheritable,
+while the workers start: none may inherit it), and keeps the workers alive (their bwrap pids
 in ``DIR/workers.json``) until SIGTERM, so the test can pause the job and look at them.
 """
 
@@ -56,8 +57,12 @@ async def main() -> int:
         await asyncio.sleep(0.05)
     probe = json.loads((run_dir / "probe-request.json").read_text())
 
+    # a secret held open and inheritable while the workers start: none of them may get it
+    held = os.open(run_dir / "job.credential", os.O_RDONLY)
+    os.set_inheritable(held, True)
     pool = SandboxPool(sandbox_spec(spec.reward)).start()
     boxes = [await ToolSandbox(t).start() for t in spec.rollout.multi_turn.all_tools()]
+    os.close(held)
     try:
         sample = {"data_source": "probe", "solution_str": "42", "ground_truth": "42",
                   "extra_info": {"probe": probe}}

@@ -70,7 +70,26 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     with open(os.path.join(os.environ["TMPDIR"], "note"), "w") as fh:
         fh.write("scratch")
     score = 1.0 if answers.get(solution_str.strip()) == ground_truth else 0.0
-    return {"score": score, "probes": json.dumps(out), "uid": os.getuid()}
+    return {"score": score, "probes": json.dumps(out), "uid": os.getuid(), "limits": json.dumps(_limits())}
+
+def _limits():
+    """Its resource limits, whether it can raise one, and what its descriptors point at."""
+    import resource
+    out = {name: list(resource.getrlimit(getattr(resource, "RLIMIT_" + name)))
+           for name in ("AS", "CPU", "NPROC", "FSIZE", "NOFILE", "CORE")}
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (out["NPROC"][0] + 1, out["NPROC"][1] + 1))
+        out["raise"] = "ok"
+    except Exception as exc:
+        out["raise"] = type(exc).__name__
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            pass
+    out["fds"] = fds
+    return out
 '''
 
 
@@ -135,6 +154,17 @@ def test_hostile_reward_function_and_tool_stay_inside_their_sandbox(tmp_path):
             for host, prt in connect:
                 assert got[f"connect {host}:{prt}"] != "ok", (who, host, prt, got)
         assert reward["extra"]["uid"] != 0 and probes[1]["uid"] != 0
+        # resource limits set before the user code ran, soft = hard, not raisable; no inherited
+        # descriptors (the driver holds this job's credential open, inheritable, while it starts them)
+        for who, mb, limits in (("reward function", 2048, json.loads(reward["extra"]["limits"])),
+                                ("tool", 1024, probes[1]["limits"])):  # the default memory_limit_mb of each
+            assert limits["AS"] == [mb << 20] * 2 and limits["CPU"] == [3600] * 2, (who, limits)
+            assert limits["NPROC"] == [512] * 2 and limits["FSIZE"] == [1 << 30] * 2, (who, limits)
+            assert limits["NOFILE"] == [1024] * 2 and limits["CORE"] == [0, 0], (who, limits)
+            assert limits["raise"] != "ok", (who, limits)
+            for fd, target in limits["fds"].items():  # fds 1 and 2: the service's stderr (user prints go there)
+                assert fd in ("1", "2") or target.startswith(("pipe:", "/dev/null", "/proc/")), (who, fd, target)
+                assert "job.credential" not in target, (who, fd, target)
         for p in writes:
             assert not Path(p).exists()
         outside.settimeout(0.2)
@@ -248,6 +278,39 @@ def test_the_operator_opens_what_the_spec_cannot(tmp_path):
             assert r.status_code == 201, (field, r.text)
 
 
+def test_a_tool_config_file_cannot_grant_what_the_spec_cannot(tmp_path):
+    """A tool config file (verl's layout, a job input the client may have written) asking for a
+    tool outside the sandbox or with the network is refused like the spec asking; an honest one
+    is read once at submit and its tools go into the job's spec, so changing the file later
+    changes nothing the job runs."""
+    launcher = LocalLauncher(command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    tools_file = tmp_path / "tools.yaml"
+    with running_gateway(tmp_path, launcher) as gw, httpx.Client(base_url=gw.http_url, timeout=10) as c:
+        stub = job_pb2_grpc.JobServiceStub(grpc.insecure_channel(gw.grpc_address))
+        spec = _spec(**{"rollout.multi_turn": {"enable": True, "tool_config_path": str(tools_file)}})
+        for field, tool in (("tools[1].sandbox", {"class_name": "tests.agent_tools.Echo", "sandbox": False}),
+                            ("tools[1].allow_network", {"class_name": "tests.agent_tools.Echo", "allow_network": True})):
+            tools_file.write_text(yaml.safe_dump({"tools": [{"class_name": "tests.agent_tools.Echo"}, tool]}))
+            r = c.post("/v1/jobs", json={"spec": spec}, headers=auth())
+            assert r.status_code == 400, (field, r.text)
+            assert f"rollout.multi_turn.tool_config_path: {field}:" in r.json()["detail"], r.text
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SubmitJob(job_pb2.JobSubmitRequest(spec_yaml=yaml.safe_dump(spec)), metadata=GRPC_AUTH, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details(), field
+        tools_file.write_text(yaml.safe_dump({"tools": [{"class_name": "tests.agent_tools.Echo", "num_workers": 1}]}))
+        r = c.post("/v1/jobs", json={"spec": spec}, headers=auth())
+        assert r.status_code == 201, r.text
+        tools_file.write_text(yaml.safe_dump({"tools": [{"class_name": "tests.agent_tools.Echo", "sandbox": False}]}))
+        run_dir = tmp_path / "runs" / r.json()["id"]
+        got = c.get(f"/v1/jobs/{r.json()['id']}", headers=auth()).json()
+        wait_until(lambda: (run_dir / "spec.yaml").exists(), timeout=20, what="the launched spec")
+        for shown in (yaml.safe_load(got["spec"]), yaml.safe_load((run_dir / "spec.yaml").read_text())):
+            multi_turn = shown["rollout"]["multi_turn"]
+            assert multi_turn["tool_config_path"] is None, multi_turn
+            assert [(t["class_name"], t["sandbox"], t["num_workers"]) for t in multi_turn["tools"]] == [
+                ("tests.agent_tools.Echo", True, 1)], multi_turn
+
+
 SECRETS = {"reward.custom_reward_function.reward_kwargs": {"openai_api_key": "sk-LEAK1", "hf_token": "hf_LEAK2",
                                                              "aws_secret_access_key": "AWSLEAK3",
                                                              "header": "Authorization: Bearer LEAK4bearer"},
@@ -257,8 +320,15 @@ OVERRIDES = ["reward.custom_reward_function.reward_kwargs.extra={api_key: LEAK6}
 LEAKS = [f"LEAK{i}" for i in range(1, 8)]
 
 
+#: A stand-in job that writes what a real one does (a checkpoint, the broker's AOF) with plain
+#: open(): their modes come from the umask the launcher gives the job.
+WRITER = ("import os, time; os.makedirs('checkpoints/global_step_1'); "
+          "open('checkpoints/global_step_1/model.pt', 'w').write('x'); open('broker.aof', 'w').write('x'); "
+          "time.sleep(60)")
+
+
 def test_secrets_are_masked_everywhere_and_reach_the_job(tmp_path):
-    launcher = LocalLauncher(command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    launcher = LocalLauncher(command=[sys.executable, "-c", WRITER])
     old = os.umask(0o022)
     try:
         with running_gateway(tmp_path, launcher) as gw, httpx.Client(base_url=gw.http_url, timeout=10) as c:
@@ -284,10 +354,13 @@ def test_secrets_are_masked_everywhere_and_reach_the_job(tmp_path):
             real = (run_dir / "spec.yaml").read_text()
             for leak in LEAKS:
                 assert leak in real, leak
-            # file modes under umask 022
+            # file modes under umask 022, the job's own files (checkpoints, broker.aof) included
+            wait_until(lambda: (run_dir / "broker.aof").exists(), timeout=20, what="the job's files")
             for path, mode in [(db, 0o600), (tmp_path / "runs" / "gateway-access.log", 0o600),
                                (tmp_path / "runs", 0o700), (run_dir, 0o700), (run_dir / "spec.yaml", 0o600),
-                               (run_dir / "job.log", 0o600)]:
+                               (run_dir / "job.log", 0o600), (run_dir / "checkpoints", 0o700),
+                               (run_dir / "checkpoints" / "global_step_1" / "model.pt", 0o600),
+                               (run_dir / "broker.aof", 0o600)]:
                 assert stat.S_IMODE(path.stat().st_mode) == mode, (path, oct(path.stat().st_mode))
             # a cancelled job's secrets are removed from its run dir
             assert c.post(f"/v1/jobs/{job_id}:cancel", headers=auth()).status_code == 200
