@@ -149,6 +149,9 @@ class FleetManager:
             except OSError as exc:
                 raise FleetLaunchError(f"fleet {name!r}: cannot start {argv[0]!r}: {exc}") from None
             self._children[name] = proc
+            # reaped the moment it exits: a zombie would still answer kill(pid, 0), and a
+            # job's controller (FleetDir.running) would take the fleet for alive
+            threading.Thread(target=proc.wait, name=f"fleet-{name}-reaper", daemon=True).start()
             stat = _proc_stat(proc.pid)
             launch = {"pid": proc.pid, "start_ticks": stat[1] if stat else None, "started": time.time(), "argv": argv}
             _write_private(fdir.path / LAUNCH_FILE, json.dumps(launch))
@@ -203,13 +206,6 @@ class FleetManager:
 
     # -- internals --------------------------------------------------------------------------------------------
 
-    def _reap(self, name: str) -> subprocess.Popen | None:
-        """The fleet process this gateway started (reaped once it exited), or None."""
-        child = self._children.get(name)
-        if child is not None:
-            child.poll()
-        return child
-
     def _signal_launched(self, launch: dict[str, Any], sig: int) -> None:
         pid = launch.get("pid")
         if isinstance(pid, int) and _alive(pid, launch.get("start_ticks")):
@@ -227,7 +223,6 @@ class FleetManager:
         launch = read_json(fdir.path / LAUNCH_FILE)
         if st is None and launch is None:
             return None
-        self._reap(name)
         launch = launch or {}
         launched_pid = launch.get("pid") if isinstance(launch.get("pid"), int) else None
         st_pid = st.get("pid") if st is not None and isinstance(st.get("pid"), int) else None
