@@ -14,6 +14,12 @@ one product; a batch mixing several adapters costs one product per adapter in it
 keeps its reference operation's signature and writes its output the same way; where the
 shapes are not the ones it knows (an index per token), it calls the reference operation.
 
+One difference on purpose: a token whose index is -1 (vLLM's "no LoRA for this request",
+``PunicaWrapperBase.token_lora_indices``) gets no adapter here. The reference operations
+index the weights with it as Python does, so such a token got the *last* slot's adapter: on
+an engine serving several jobs' adapters, a request without one would have been served
+another job's adapter.
+
 :func:`install` puts them in place of the reference operations in the process that runs the
 model (the worker calls it when it sets up LoRA, :meth:`MeshWorkerExtension.meshrl_lora_setup`).
 GPU workers are not affected: vLLM's GPU path uses its Triton kernels, not these.
@@ -35,8 +41,9 @@ _REFERENCE: dict[str, Callable[..., None]] = {}
 def per_slot_product(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
                      dtype: torch.dtype) -> torch.Tensor | None:
     """``inputs[t] @ weights[indices[t]].T`` for every token ``t`` (``weights``: slots x out x
-    in, or slots x 1 x out x in), as one product per slot present in ``indices``; None when
-    ``indices`` is not one index per row of ``inputs``."""
+    in, or slots x 1 x out x in), as one product per slot present in ``indices``, and zero for
+    a token whose index is negative (no adapter); None when ``indices`` is not one index per
+    row of ``inputs``."""
     if weights.dim() == 4:
         weights = weights.squeeze(1)
     if indices.dim() != 1 or indices.shape[0] != inputs.shape[0] or weights.dim() != 3:
@@ -45,10 +52,12 @@ def per_slot_product(inputs: torch.Tensor, weights: torch.Tensor, indices: torch
     if inputs.shape[0] == 0:
         return inputs.new_zeros((0, weights.shape[1]))
     slots = torch.unique(indices).tolist()
-    if len(slots) == 1:
+    if len(slots) == 1 and slots[0] >= 0:
         return inputs @ weights[slots[0]].to(dtype).T
-    out = inputs.new_empty((inputs.shape[0], weights.shape[1]))
+    out = inputs.new_zeros((inputs.shape[0], weights.shape[1]))
     for slot in slots:
+        if slot < 0:  # no adapter: stays zero
+            continue
         rows = indices == slot
         out[rows] = inputs[rows] @ weights[slot].to(dtype).T
     return out
