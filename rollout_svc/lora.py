@@ -15,6 +15,10 @@ memory and swapped into the worker's LoRA manager under the same id: the in-plac
 that a ``LoRARequest(load_inplace=True)`` does from a directory, without a file. Nothing
 reaches the model before the whole version is checked, so a bad version leaves the old
 adapter serving.
+
+An engine can also serve several jobs' adapters at once (``RolloutEngine(...,
+adapter_slots=K)``, :class:`AdapterSlots`): each job gets a vLLM LoRA id of its own (its
+slot, 1..K), its own starting adapter and manifest, and its versions swap only that id.
 """
 
 from __future__ import annotations
@@ -87,18 +91,34 @@ class LoraServing:
                                                       trust_remote_code))
         return self.adapter_dir
 
-    def engine_args(self) -> dict[str, Any]:
+    def engine_args(self, slots: int = 1) -> dict[str, Any]:
+        """vLLM's LoRA arguments: ``slots`` adapters at once, each of rank up to this one's."""
+        return {"enable_lora": True, "max_loras": slots, "max_cpu_loras": slots, "max_lora_rank": self.max_lora_rank}
+
+    @property
+    def max_lora_rank(self) -> int:
+        """vLLM's ``max_lora_rank`` for this rank (the smallest allowed one at or above it)."""
         from services.config.lora import vllm_max_lora_rank
 
-        return {"enable_lora": True, "max_loras": 1, "max_cpu_loras": 1, "max_lora_rank": vllm_max_lora_rank(self.rank)}
+        return vllm_max_lora_rank(self.rank)
 
-    def request(self):
-        """The ``LoRARequest`` every generation request carries."""
+    def request(self, lora_id: int = LORA_ID, name: str = LORA_NAME):
+        """The ``LoRARequest`` every generation request carries (``lora_id``/``name``: the
+        slot and its name on an engine that serves several adapters)."""
         from vllm.lora.request import LoRARequest
 
         if self.adapter_dir is None:
             raise RuntimeError("LoraServing.prepare() first")
-        return LoRARequest(LORA_NAME, LORA_ID, self.adapter_dir)
+        return LoRARequest(name, lora_id, self.adapter_dir)
+
+    def same_settings(self, other: "LoraServing") -> bool:
+        """Whether ``other`` asks for the same adapter (rank, alpha, targets, starting directory)."""
+        def targets(t):
+            return t if isinstance(t, str) else sorted(t)
+
+        return (self.rank, float(self.alpha), targets(self.targets)) == (
+            other.rank, float(other.alpha), targets(other.targets)) and (
+            other.adapter_dir is None or other.adapter_dir == self.adapter_dir)
 
     def manifest(self):
         """The starting adapter's tensor names and shapes: what every version must hold."""
@@ -110,11 +130,13 @@ class LoraServing:
 # -- inside the vLLM worker ---------------------------------------------------------------------
 
 
-def load_adapter_into_worker(worker: Any, named_tensors, check, adapter_dir: str) -> dict[str, Any]:
+def load_adapter_into_worker(worker: Any, named_tensors, check, adapter_dir: str,
+                             lora_id: int = LORA_ID) -> dict[str, Any]:
     """Check every tensor of one adapter version (``check``: a ``VersionCheck`` against the
-    adapter's manifest), then replace the served adapter's weights with them. Same report as
-    ``weight_stream.load_into_worker``; ``touched`` is never set: the adapter is swapped only
-    once the whole version is in and checked, and the swap itself only replaces references."""
+    adapter's manifest), then replace the weights of the adapter served under ``lora_id``
+    with them. Same report as ``weight_stream.load_into_worker``; ``touched`` is never set:
+    the adapter is swapped only once the whole version is in and checked, and the swap
+    itself only replaces references."""
     from rollout_svc.weight_check import WeightUpdateError
 
     t0 = time.perf_counter()
@@ -137,7 +159,7 @@ def load_adapter_into_worker(worker: Any, named_tensors, check, adapter_dir: str
             checked += time.perf_counter() - t2
         check.finish()
         t3 = time.perf_counter()
-        swap_adapter(worker, tensors, adapter_dir)
+        swap_adapter(worker, tensors, adapter_dir, lora_id)
     except Exception as e:  # noqa: BLE001 -- reported to the main process, which decides
         result["error"] = f"{type(e).__name__}: {e}"
         result["refused"] = isinstance(e, WeightUpdateError)
@@ -150,10 +172,12 @@ def load_adapter_into_worker(worker: Any, named_tensors, check, adapter_dir: str
     return result
 
 
-def swap_adapter(worker: Any, tensors: dict, adapter_dir: str) -> None:
+def swap_adapter(worker: Any, tensors: dict, adapter_dir: str, lora_id: int = LORA_ID) -> None:
     """Build a vLLM ``LoRAModel`` from ``tensors`` (PEFT names) with the starting adapter's
-    config, and put it in the worker's LoRA manager in place of adapter :data:`LORA_ID`
-    (what ``add_adapter`` does for a ``LoRARequest(load_inplace=True)``)."""
+    config, and put it in the worker's LoRA manager in place of adapter ``lora_id``
+    (what ``add_adapter`` does for a ``LoRARequest(load_inplace=True)``). The other ids'
+    adapters are not touched: vLLM keeps one slot of its stacked LoRA weights per id, and
+    the swap rewrites only this id's slot."""
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
@@ -164,12 +188,130 @@ def swap_adapter(worker: Any, tensors: dict, adapter_dir: str) -> None:
     model = manager.model
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     lora = LoRAModel.from_lora_tensors(
-        lora_model_id=LORA_ID, tensors=tensors, peft_helper=helper, device="cpu", dtype=mgr.lora_config.lora_dtype,
+        lora_model_id=lora_id, tensors=tensors, peft_helper=helper, device="cpu", dtype=mgr.lora_config.lora_dtype,
         model_vocab_size=mgr.vocab_size, weights_mapper=None if mapper is None else mapper.get_rename_mapper(),
         skip_prefixes=getattr(model, "lora_skip_prefixes", None))
-    manager.remove_adapter(LORA_ID)
+    manager.remove_adapter(lora_id)
     manager.add_adapter(lora)
-    manager.activate_adapter(LORA_ID)
+    manager.activate_adapter(lora_id)
+
+
+def assign_slot(worker: Any, lora_id: int, name: str, adapter_dir: str) -> None:
+    """Serve the adapter in ``adapter_dir`` (a PEFT directory) under ``lora_id``, replacing
+    whatever that id served: vLLM's own loader and its in-place replacement
+    (``load_inplace``), so the directory is checked as vLLM checks any adapter (its rank
+    against ``max_lora_rank``, its modules against the model's)."""
+    from vllm.lora.request import LoRARequest
+
+    worker.model_runner.lora_manager.add_adapter(LoRARequest(name, lora_id, adapter_dir, load_inplace=True))
+
+
+def free_slot(worker: Any, lora_id: int) -> bool:
+    """Stop serving anything under ``lora_id``: its stacked weights slot is freed (a later
+    adapter takes it over whole). False when nothing was served under it."""
+    return worker.model_runner.lora_manager.remove_adapter(lora_id)
+
+
+def load_adapter_file(worker: Any, path: str, adapter_dir: str, lora_id: int) -> dict[str, Any]:
+    """Local loads: the adapter tensors of the safetensors file ``path`` (already checked
+    against the adapter's manifest) replace those served under ``lora_id``."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    swap_adapter(worker, tensors, adapter_dir, lora_id)
+    return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+
+
+# -- several adapters on one engine ---------------------------------------------------------------
+
+
+class AdapterSlots:
+    """Which job key holds which of an engine's ``count`` adapter slots (vLLM LoRA ids
+    1..count). Pure bookkeeping, no vLLM: the engine asks it for a slot when a job attaches
+    and gives the slot back when the job leaves.
+
+    Each assignment gets a name of its own (``meshrl-s<slot>-a<n>``, ``n`` counting every
+    assignment of this engine): vLLM's prefix cache keys blocks by the LoRA's name, so a slot
+    reused by another job never reuses the previous job's cached KV."""
+
+    def __init__(self, count: int) -> None:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"adapter_slots must be a positive integer (got {count!r})")
+        self.count = count
+        self._by_key: dict[str, int] = {}
+        self._names: dict[str, str] = {}
+        self._assignments = 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._by_key
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def slot(self, key: str) -> int:
+        """The slot ``key`` holds (KeyError when it holds none)."""
+        return self._by_key[key]
+
+    def name(self, key: str) -> str:
+        """The name of ``key``'s assignment (the base of its ``LoRARequest`` names)."""
+        return self._names[key]
+
+    def keys(self) -> list[str]:
+        return list(self._by_key)
+
+    def free(self) -> list[int]:
+        """The slots no key holds, lowest first."""
+        used = set(self._by_key.values())
+        return [s for s in range(1, self.count + 1) if s not in used]
+
+    def take(self, key: str) -> int:
+        """A slot for ``key`` (the lowest free one); ValueError for a key that holds one
+        already or an empty key, RuntimeError (one line, naming the holders) when all are taken."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"an adapter key must be a non-empty string (got {key!r})")
+        if key in self._by_key:
+            raise ValueError(f"adapter key {key!r} already holds slot {self._by_key[key]}")
+        free = self.free()
+        if not free:
+            raise RuntimeError(f"no free adapter slot for {key!r}: all {self.count} are held "
+                               f"({', '.join(sorted(self._by_key))}); release one first")
+        self._assignments += 1
+        self._by_key[key] = free[0]
+        self._names[key] = f"meshrl-s{free[0]}-a{self._assignments}"
+        return free[0]
+
+    def release(self, key: str) -> int:
+        """Give ``key``'s slot back; returns it (KeyError when ``key`` holds none)."""
+        if key not in self._by_key:
+            raise KeyError(f"adapter key {key!r} holds no slot")
+        self._names.pop(key)
+        return self._by_key.pop(key)
+
+
+def serving_problems(job: LoraServing, max_lora_rank: int, model_config: dict | None = None) -> list[str]:
+    """Why ``job``'s adapter cannot be served by an engine started with ``max_lora_rank``
+    (one line each; [] when it can). Ranks below the engine's and other target modules are
+    fine: vLLM keeps every adapter in slots of the largest rank (zero-padded) and gives every
+    linear layer of the model a LoRA slot, zero where an adapter has no weights for it.
+    ``model_config``: the model's ``config.json`` (target modules checked when its layout is
+    known); a starting adapter directory's ``adapter_config.json`` must agree with the keys."""
+    from services.config import lora as spec
+
+    out = spec.static_problems(job.rank, job.alpha, job.targets, job.adapter_dir)
+    if isinstance(job.rank, bool) or not isinstance(job.rank, int) or job.rank < 1:
+        return out + [f"an adapter's rank must be a positive integer (got {job.rank!r})"]
+    if job.rank > max_lora_rank:
+        out.append(f"adapter rank {job.rank} exceeds this engine's max_lora_rank {max_lora_rank} "
+                   "(start the engine with a LoRA rank at least as large)")
+    widths = spec.linear_widths_from_config(model_config) if model_config else None
+    if widths is not None and not out:
+        out += spec.target_problems(job.rank, job.targets, widths)
+    if job.adapter_dir is not None and not out:
+        try:
+            out += spec.adapter_problems(spec.read_adapter_config(job.adapter_dir), job.rank, job.alpha, job.targets)
+        except ValueError as exc:
+            out.append(str(exc))
+    return out
 
 
 def read_adapter_config(adapter_dir: str) -> dict:

@@ -243,7 +243,10 @@ class WorkerWeightStream:
     """The weight channel's receiving side in one vLLM worker (see module docstring)."""
 
     def __init__(self, worker: Any, cfg_json: str, replica_id: str, served_version: int, served_session: int,
-                 manifest_json: str | None, notify_addr: str | None, promoted_only: bool = False):
+                 manifest_json: str | None, notify_addr: str | None, promoted_only: bool = False,
+                 lora_slot: int = 0, adapter_dir: str | None = None):
+        """``lora_slot`` > 0: every version is the adapter served under that vLLM LoRA id
+        (``adapter_dir``: its config), on an engine serving several jobs' adapters."""
         from services.config.weights import WeightChannelConfig
         from rollout_svc.weights.receiver import WeightReceiver
 
@@ -252,6 +255,8 @@ class WorkerWeightStream:
             cfg = cfg.model_copy(update={"receive_ahead_buckets": cfg.pipeline_depth})
         self.cfg = cfg
         self.worker = worker
+        self.lora_slot = lora_slot
+        self.adapter_dir = adapter_dir
         self.manifest = WeightManifest.from_json(manifest_json)
         self._notify_addr = notify_addr
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if notify_addr else None
@@ -357,7 +362,12 @@ class WorkerWeightStream:
 
     def _load(self, named_tensors, check: VersionCheck) -> dict[str, Any]:
         """Load one version: into the model's weights, or -- when the replica serves a LoRA
-        adapter (``meshrl_lora_setup``) -- as the served adapter's weights (rollout_svc/lora.py)."""
+        adapter (``meshrl_lora_setup``), or this channel is one adapter slot's -- as that
+        adapter's weights (rollout_svc/lora.py)."""
+        if self.lora_slot:
+            from rollout_svc.lora import load_adapter_into_worker
+
+            return load_adapter_into_worker(self.worker, named_tensors, check, self.adapter_dir, self.lora_slot)
         adapter_dir = getattr(self.worker, "_meshrl_lora_dir", None)
         if adapter_dir:
             from rollout_svc.lora import load_adapter_into_worker

@@ -20,65 +20,106 @@ from rollout_svc.weight_stream import expected_reload_gaps, refresh_embedding_ke
 
 
 class MeshWorkerExtension:
-    """Worker-side weight loading for meshrl replicas (mixed into vLLM's Worker class)."""
+    """Worker-side weight loading for meshrl replicas (mixed into vLLM's Worker class).
 
-    _meshrl_stream = None
+    The weight channel's state is kept per adapter slot: slot 0 is the engine's own channel
+    (full weights, or a one-job replica's adapter), slot ``s > 0`` the channel of the job
+    whose adapter is served under vLLM LoRA id ``s`` (an engine with several adapter slots).
+    Every ``meshrl_weights_*`` call takes the slot last (default 0), so several jobs' channels
+    are open at once, each loading only into its own slot."""
+
+    _meshrl_streams: dict | None = None
+    _meshrl_lora_dir: str | None = None
 
     # -- the weight channel, received in this process ---------------------------------------
 
     def meshrl_weights_open(self, cfg_json: str, replica_id: str, served_version: int, served_session: int,
                             manifest_json: str | None, notify_addr: str | None,
-                            promoted_only: bool = False) -> dict[str, Any]:
-        """Subscribe to the publisher (closing an earlier subscription); returns ``state()``.
-        ``promoted_only``: never a canary (canary mode; the live-policy endpoint)."""
+                            promoted_only: bool = False, slot: int = 0,
+                            adapter_dir: str | None = None) -> dict[str, Any]:
+        """Subscribe to the publisher (closing the slot's earlier subscription); returns ``state()``.
+        ``promoted_only``: never a canary (canary mode; the live-policy endpoint). ``slot`` >
+        0: versions are the adapter served under that LoRA id (``adapter_dir`` holds its config)."""
         from rollout_svc.weight_stream import WorkerWeightStream
 
-        self.meshrl_weights_close()
+        if slot and not adapter_dir:
+            raise ValueError(f"slot {slot}: an adapter slot's channel needs the adapter's directory")
+        self.meshrl_weights_close(slot)
         rank = getattr(self, "rank", 0) or 0
         rid = replica_id if rank == 0 else f"{replica_id}.w{rank}"
         stream = WorkerWeightStream(self, cfg_json, rid, served_version, served_session, manifest_json, notify_addr,
-                                    promoted_only)
+                                    promoted_only, lora_slot=slot, adapter_dir=adapter_dir)
         state = stream.connect()
-        self._meshrl_stream = stream
+        if self._meshrl_streams is None:
+            self._meshrl_streams = {}
+        self._meshrl_streams[slot] = stream
         return state
 
-    def _stream(self):
-        if self._meshrl_stream is None:
-            raise RuntimeError("meshrl_weights_open() first")
-        return self._meshrl_stream
+    def _stream(self, slot: int = 0):
+        stream = (self._meshrl_streams or {}).get(slot)
+        if stream is None:
+            raise RuntimeError("meshrl_weights_open() first" if not slot else f"slot {slot}: meshrl_weights_open() first")
+        return stream
 
-    def meshrl_weights_state(self) -> dict[str, Any]:
-        return self._stream().state()
+    def meshrl_weights_state(self, slot: int = 0) -> dict[str, Any]:
+        return self._stream(slot).state()
 
-    def meshrl_weights_load(self, version: int) -> dict[str, Any]:
-        return self._stream().load(version)
+    def meshrl_weights_load(self, version: int, slot: int = 0) -> dict[str, Any]:
+        return self._stream(slot).load(version)
 
-    def meshrl_weights_skip(self, version: int) -> dict[str, Any]:
-        return self._stream().skip(version)
+    def meshrl_weights_skip(self, version: int, slot: int = 0) -> dict[str, Any]:
+        return self._stream(slot).skip(version)
 
-    def meshrl_weights_load_snapshot(self, min_version: int, timeout_s: float) -> dict[str, Any] | None:
-        return self._stream().load_snapshot(min_version, timeout_s)
+    def meshrl_weights_load_snapshot(self, min_version: int, timeout_s: float, slot: int = 0) -> dict[str, Any] | None:
+        return self._stream(slot).load_snapshot(min_version, timeout_s)
 
-    def meshrl_weights_snapshot_version(self) -> int:
-        return self._stream().snapshot_version()
+    def meshrl_weights_snapshot_version(self, slot: int = 0) -> int:
+        return self._stream(slot).snapshot_version()
 
-    def meshrl_weights_loaded(self, version: int) -> None:
-        self._stream().loaded(version)
+    def meshrl_weights_loaded(self, version: int, slot: int = 0) -> None:
+        self._stream(slot).loaded(version)
 
-    def meshrl_weights_close(self) -> None:
-        stream, self._meshrl_stream = self._meshrl_stream, None
+    def meshrl_weights_close(self, slot: int = 0) -> None:
+        stream = (self._meshrl_streams or {}).pop(slot, None)
         if stream is not None:
             stream.close()
 
-    def meshrl_lora_setup(self, adapter_dir: str) -> bool:
-        """This replica serves a LoRA adapter (rollout_svc/lora.py): every version from the
-        channel replaces the adapter's weights; ``adapter_dir`` holds its config. On CPU the
-        LoRA layers run one product per adapter, not per token (:mod:`rollout_svc.lora_kernels`)."""
+    def meshrl_lora_setup(self, adapter_dir: str | None) -> bool:
+        """This replica serves LoRA adapters (rollout_svc/lora.py). ``adapter_dir``: the one
+        job's adapter config, and every version from the slot-0 channel replaces that adapter's
+        weights; None: an engine with several adapter slots, each loaded through its own slot's
+        channel. On CPU the LoRA layers run one product per adapter, not per token
+        (:mod:`rollout_svc.lora_kernels`)."""
         from rollout_svc.lora_kernels import install
 
         self._meshrl_lora_dir = adapter_dir
         install()
         return True
+
+    def meshrl_lora_assign(self, slot: int, name: str, adapter_dir: str) -> bool:
+        """Serve the adapter in ``adapter_dir`` under LoRA id ``slot`` (a job attached to the
+        slot), replacing what the slot served."""
+        from rollout_svc.lora import assign_slot
+
+        if not slot:
+            raise ValueError("adapter slots are LoRA ids 1..max_loras")
+        assign_slot(self, slot, name, adapter_dir)
+        return True
+
+    def meshrl_lora_release(self, slot: int) -> bool:
+        """A job left the slot: close its channel, free the slot (nothing is served under it)."""
+        from rollout_svc.lora import free_slot
+
+        if not slot:
+            raise ValueError("adapter slots are LoRA ids 1..max_loras")
+        self.meshrl_weights_close(slot)
+        return free_slot(self, slot)
+
+    def meshrl_lora_load_file(self, path: str, adapter_dir: str, slot: int) -> dict[str, Any]:
+        """Local loads of an adapter: the checked tensors in ``path`` replace the adapter of ``slot``."""
+        from rollout_svc.lora import load_adapter_file
+
+        return load_adapter_file(self, path, adapter_dir, slot)
 
     def meshrl_rss_bytes(self) -> dict[str, int]:
         """This worker process's resident memory now and at its peak (``VmRSS``/``VmHWM``)."""
