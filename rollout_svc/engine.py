@@ -24,6 +24,16 @@ into the model bucket by bucket (:mod:`rollout_svc.weight_stream`); ``engine.wei
 each load and drives the worker's channel; this class keeps the served version. A load that
 failed after some tensors reached the model leaves ``weights_dirty`` set: the scheduler stays
 paused (nothing is served) until a complete version is loaded.
+
+**Several jobs' adapters in one engine.** ``RolloutEngine(..., lora=LoraServing(...),
+adapter_slots=K)`` starts vLLM with ``K`` LoRA slots (``max_loras = max_cpu_loras = K``,
+``max_lora_rank`` from ``lora.rank``). ``await engine.adapter(key, lora)`` gives a job an
+:class:`AdapterEngine` on a slot of its own: what a ``Replica`` and the weight subscriber
+use from an engine (generation with the job's ``LoRARequest``, its own ``version``,
+``weights_dirty``, ``weights``, counters), so each job runs its own ``Replica`` and
+subscriber on the shared engine, and vLLM batches every job's requests together.
+``await engine.release_adapter(key)`` aborts the job's requests, closes its channel and frees
+the slot for the next key. The engine's own ``generate_*`` serve the base model then.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from rollout_svc.engine_adapters import EngineAdapters
 from rollout_svc.engine_weights import EngineWeights
 from rollout_svc.lora import LoraServing
 from rollout_svc.packing import Sample
@@ -65,6 +76,8 @@ class RolloutEngine:
         tokenizer: tokenizer directory when it differs from ``model``.
         trust_remote_code: let vLLM run the checkpoint's own modelling code.
         lora: serve the job's LoRA adapter (rollout_svc/lora.py): every version is the adapter's tensors.
+        adapter_slots: serve up to this many jobs' adapters at once (needs ``lora``, whose rank
+            is then the largest an adapter may have): see :meth:`adapter`. None: one job.
     """
 
     def __init__(
@@ -77,9 +90,12 @@ class RolloutEngine:
         tokenizer: str | None = None,
         trust_remote_code: bool = False,
         lora: LoraServing | None = None,
+        adapter_slots: int | None = None,
     ) -> None:
         if cfg.prompt_length is None or cfg.response_length is None:
             raise ValueError("RolloutEngine needs cfg.prompt_length and cfg.response_length resolved")
+        if adapter_slots is not None and lora is None:
+            raise ValueError("adapter_slots needs lora=LoraServing(...) (its rank is the largest an adapter may have)")
         self.cfg = cfg
         self.model = model
         self.tokenizer = tokenizer
@@ -93,6 +109,7 @@ class RolloutEngine:
         self.manifest: WeightManifest | None = None
         self.last_weight_load_s = 0.0
         self._update_lock = asyncio.Lock()
+        self._swap_lock = asyncio.Lock()  # one pause/load/resume at a time (several adapter slots take turns)
         self._abort_epoch = 0  # bumped by every abort-mode weight update
         # vLLM request ids: unique per engine; a counter is cheaper than a uuid per sample
         self._request_prefix = uuid.uuid4().hex[:8]
@@ -108,6 +125,10 @@ class RolloutEngine:
         self.lora = lora
         """The job's LoRA adapter, served on every request (rollout_svc/lora.py); None: full weights."""
         self.lora_request = None
+        self.adapter_slots = adapter_slots
+        """Adapter slots (several jobs' adapters, :meth:`adapter`); None: one job's weights or adapter."""
+        self._adapters = EngineAdapters(self, adapter_slots) if adapter_slots is not None else None
+        self._live: set[str] = set()  # vLLM request ids in flight
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -147,7 +168,7 @@ class RolloutEngine:
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
-            **(self.lora.engine_args() if self.lora is not None else {}),
+            **(self.lora.engine_args(self.adapter_slots or 1) if self.lora is not None else {}),
             **extra,
         )
 
@@ -191,7 +212,10 @@ class RolloutEngine:
         self.eos_token_ids = sorted(eos)
         self.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_token_ids[0]
         self.manifest = WeightManifest.from_model(self.model, tied=bool(getattr(mc.hf_config, "tie_word_embeddings", False)))
-        if self.lora is not None:  # versions are the adapter's tensors
+        if self.adapter_slots is not None:  # each job's adapter has its own slot, manifest and versions
+            self.manifest = None
+            await self.llm.collective_rpc("meshrl_lora_setup", args=(None,))
+        elif self.lora is not None:  # versions are the adapter's tensors
             self.manifest = self.lora.manifest()
             self.lora_request = self.lora.request()
             await self.llm.collective_rpc("meshrl_lora_setup", args=(self.lora.adapter_dir,))
@@ -300,9 +324,9 @@ class RolloutEngine:
         request_id = f"{sample_id}#{self._request_prefix}-{next(self._request_seq)}"
         return (await self._request(ids, params, request_id, 1))[0]
 
-    async def _request(self, ids: list[int], params, request_id: str, n: int) -> list[Sample]:
-        """One vLLM request of ``n`` samples (``params.n``), as ``n`` Samples in vLLM's order;
-        failures become ``Sample.error`` (never raised, unless the engine died)."""
+    async def _wait_serving(self) -> str:
+        """Wait until a request may be stamped with the served version; returns why it may not
+        be served at all ("" when it may)."""
         if self._update_lock.locked():
             # a weight swap is under way: vLLM holds new requests until it resumes, so this one
             # runs wholly on the weights being loaded. Stamped with the old version it would look
@@ -310,8 +334,18 @@ class RolloutEngine:
             # the new one); waiting here costs nothing, the engine is paused anyway.
             async with self._update_lock:
                 pass
+        return ""
+
+    async def _request(self, ids: list[int], params, request_id: str, n: int) -> list[Sample]:
+        """One vLLM request of ``n`` samples (``params.n``), as ``n`` Samples in vLLM's order;
+        failures become ``Sample.error`` (never raised, unless the engine died)."""
+        refused = await self._wait_serving()
+        if refused:
+            return [Sample(prompt_ids=[], policy_version=self.version, finish_reason="error", error=refused)
+                    for _ in range(n)]
         version = self.version
         self.in_flight += n
+        self._live.add(request_id)
         try:
             final = None
             # an already-rendered token input: vLLM validates it in place (a raw prompt dict
@@ -328,6 +362,7 @@ class RolloutEngine:
                     for _ in range(n)]
         finally:
             self.in_flight -= n
+            self._live.discard(request_id)
         comps = sorted(final.outputs, key=lambda c: c.index) if final is not None else []
         out = [self._sample(ids, c, final.finished, version) for c in comps]
         # samples a request aborted before they finished (a weight swap in abort mode)
@@ -387,3 +422,167 @@ class RolloutEngine:
     async def param_digest(self, name: str) -> dict:
         """dtype, shape and sha256 of one parameter inside vLLM (tests: bitwise checks)."""
         return await self.weights.param_digest(name)
+
+    # -- several adapters (adapter_slots; rollout_svc/engine_adapters.py) ---------------------
+
+    @property
+    def adapters(self) -> dict[str, "AdapterEngine"]:
+        """The attached jobs' adapters, by key ({} on a one-job engine)."""
+        return self._adapters.adapters if self._adapters is not None else {}
+
+    @property
+    def free_adapter_slots(self) -> int:
+        """Adapter slots no job holds (0 on a one-job engine)."""
+        return self._adapters.free if self._adapters is not None else 0
+
+    async def adapter(self, key: str, lora: LoraServing | None = None, *, cfg: RolloutConfig | None = None,
+                      initial_version: int = 0) -> "AdapterEngine":
+        """The :class:`AdapterEngine` of job ``key``: the one it has, or a new one on a free slot
+        (:meth:`EngineAdapters.attach`: ``lora`` the job's adapter, None for the engine's
+        settings from a zero adapter; ``cfg`` the job's rollout block). Raises ValueError (one
+        line) for an adapter this engine cannot serve, RuntimeError when every slot is held."""
+        if self._adapters is None:
+            raise RuntimeError("this engine serves one job; start it with adapter_slots=K to serve several adapters")
+        return await self._adapters.attach(key, lora, cfg, initial_version, AdapterEngine)
+
+    async def release_adapter(self, key: str) -> None:
+        """Job ``key`` leaves (:meth:`EngineAdapters.release`); stop its ``Replica`` and weight
+        subscriber first."""
+        if self._adapters is None:
+            raise RuntimeError("this engine serves one job; it has no adapter slots")
+        await self._adapters.release(key)
+
+
+class AdapterEngine(RolloutEngine):
+    """One job's adapter on a shared :class:`RolloutEngine` (``await engine.adapter(key)``).
+
+    It is what ``Replica`` and the weight subscriber use from an engine: ``generate_group``
+    / ``generate_one`` with the job's ``LoRARequest``, the job's served ``version``,
+    ``weights_dirty``, ``last_weight_load_s``, ``weights`` (an :class:`EngineWeights` whose
+    worker channel, checks and swaps are the job's slot's), ``manifest`` (the job's adapter),
+    ``tokens_generated`` / ``in_flight`` of its own requests. The vLLM engine, tokenizer and
+    token ids are the shared engine's; ``start`` and ``shutdown`` are the shared engine's
+    business (``release_adapter`` ends a job).
+
+    Every version of the slot has a ``LoRARequest`` name of its own (the slot's assignment
+    name and the version): vLLM's prefix cache keys KV blocks by that name, so no request of
+    another slot, or of another version of this slot, ever reuses this one's cached KV.
+    """
+
+    def __init__(self, parent: RolloutEngine, key: str, slot: int, name: str, lora: LoraServing,
+                 cfg: RolloutConfig, initial_version: int = 0) -> None:
+        # not RolloutEngine.__init__: vLLM and the tokenizer's facts are the parent's
+        self.parent = parent
+        self.key = key
+        self.lora_slot = slot
+        self.lora = lora
+        self.slot_name = name
+        self.cfg = cfg
+        self.adapter_slots = None
+        self._adapters = None
+        self.released = False
+        self._clean = asyncio.Event()
+        self._clean.set()
+        self._dirty = False
+        self._version = initial_version
+        self.lora_request = lora.request(slot, self._lora_name(initial_version))
+        self.manifest = lora.manifest()
+        self.last_weight_load_s = 0.0
+        self._update_lock = asyncio.Lock()
+        self._abort_epoch = 0
+        self._request_prefix = uuid.uuid4().hex[:8]
+        self._request_seq = itertools.count()
+        self._live = set()
+        self.in_flight = 0
+        self.tokens_generated = 0
+        self.prefix_reset_failures = 0
+        self.last_update_in_flight = 0
+        self.last_load = {}
+        self.weights = EngineWeights(self)
+
+    # -- the shared engine's -----------------------------------------------------------------
+
+    model = property(lambda self: self.parent.model)
+    tokenizer = property(lambda self: self.parent.tokenizer)
+    trust_remote_code = property(lambda self: self.parent.trust_remote_code)
+    dtype = property(lambda self: self.parent.dtype)
+    llm = property(lambda self: self.parent.llm)
+    vocab_size = property(lambda self: self.parent.vocab_size)
+    pad_token_id = property(lambda self: self.parent.pad_token_id)
+    eos_token_ids = property(lambda self: self.parent.eos_token_ids)
+    _swap_lock = property(lambda self: self.parent._swap_lock)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.released and self.parent.healthy
+
+    def served_dtype(self) -> str:
+        return self.parent.served_dtype()
+
+    async def start(self) -> None:
+        raise RuntimeError("an adapter runs on its engine: start the RolloutEngine")
+
+    def shutdown(self) -> None:
+        raise RuntimeError("an adapter runs on its engine: release_adapter() ends it, shutdown() the RolloutEngine")
+
+    # -- the job's serving state ---------------------------------------------------------------
+
+    def _lora_name(self, version: int) -> str:
+        return f"{self.slot_name}-v{version}"
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        if value != self._version:
+            self._version = value
+            self.lora_request = self.lora.request(self.lora_slot, self._lora_name(value))
+
+    @property
+    def weights_dirty(self) -> bool:
+        return self._dirty
+
+    @weights_dirty.setter
+    def weights_dirty(self, value: bool) -> None:
+        # a slot's failed load does not pause the engine: the slot's own requests wait instead
+        self._dirty = bool(value)
+        if self._dirty:
+            self._clean.clear()
+        else:
+            self._clean.set()
+
+    async def _wait_serving(self) -> str:
+        await super()._wait_serving()
+        while self._dirty and not self.released:
+            await self._clean.wait()
+        return f"adapter {self.key!r} was released from this engine" if self.released else ""
+
+    async def abort_own_requests(self) -> None:
+        """Abort this job's requests in flight (never another job's)."""
+        ids = list(self._live)
+        if ids and self.llm is not None:
+            await self.llm.abort(ids)
+
+    async def _request(self, ids: list[int], params, request_id: str, n: int) -> list[Sample]:
+        self.parent.in_flight += n
+        try:
+            return await super()._request(ids, params, request_id, n)
+        finally:
+            self.parent.in_flight -= n
+
+    def _sample(self, ids: list[int], comp, finished: bool, version: int) -> Sample:
+        sample = super()._sample(ids, comp, finished, version)
+        self.parent.tokens_generated += len(sample.response_ids)
+        return sample
+
+    async def param_digest(self, name: str) -> dict:
+        raise RuntimeError("an adapter's weights are not model parameters")
+
+    def status(self) -> dict:
+        """The slot's state (for a fleet's status page)."""
+        return {"key": self.key, "slot": self.lora_slot, "lora_name": self.lora_request.lora_name,
+                "rank": self.lora.rank, "served_version": self.version, "weights_dirty": self.weights_dirty,
+                "requests_in_flight": self.in_flight, "tokens_generated": self.tokens_generated,
+                "released": self.released}

@@ -12,6 +12,14 @@ tells a group to regenerate, and the last load's report and timing.
   reset (no KV computed by the old weights survives), the scheduler resumes.
 - ``on_weight_update="abort_requeue"`` (and a canary's candidate, whatever the setting):
   in-flight requests are aborted; their groups are regenerated under the new version.
+
+On an engine that serves several jobs' adapters (``RolloutEngine(..., adapter_slots=K)``)
+each job's :class:`~rollout_svc.engine.AdapterEngine` has an ``EngineWeights`` of its own:
+its RPCs name the job's slot (the worker keeps one channel per slot), its loads replace only
+that slot's adapter, and its serving state (version, ``weights_dirty``, the update lock) is
+the job's. The scheduler is the engine's, so swaps of different slots take turns (the
+engine's swap lock); "abort" aborts only the job's own requests, and a failed load never
+keeps the engine paused: only that job's requests wait until a complete version is in.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any
 
 import torch
 
+from rollout_svc.lora import LORA_ID
 from rollout_svc.weight_check import WeightUpdateError, write_checked_file
 
 log = logging.getLogger("rollout_svc.engine")
@@ -43,6 +52,20 @@ class EngineWeights:
     def cfg(self):
         return self.engine.cfg
 
+    @property
+    def slot(self) -> int:
+        """The adapter slot these weights are (0: the engine's own weights)."""
+        return getattr(self.engine, "lora_slot", 0)
+
+    def _slot_args(self) -> tuple:
+        return (self.slot,) if self.slot else ()
+
+    def _own_weights(self) -> None:
+        """An engine with several adapter slots has no weights of its own to load."""
+        if getattr(self.engine, "adapter_slots", None) is not None and not self.slot:
+            raise RuntimeError("this engine serves several adapters: load each job's versions through "
+                               "engine.adapter(key).weights")
+
     # -- swaps ---------------------------------------------------------------------------------
 
     async def update_weights(
@@ -57,6 +80,7 @@ class EngineWeights:
         channel does not come here: it streams into the worker (``load_from_channel``).
         """
         e = self.engine
+        self._own_weights()
         self.check_version(version, rollback)
         t0 = time.perf_counter()
         fd, path = tempfile.mkstemp(prefix=f"meshrl-weights-v{version}-", suffix=".safetensors")
@@ -65,8 +89,11 @@ class EngineWeights:
             await asyncio.to_thread(write_checked_file, named_tensors, path, e.manifest, e.dtype)
 
             async def load() -> dict:
-                [res] = (await e.llm.collective_rpc("meshrl_load_safetensors", timeout=self.cfg.weight_update_timeout_s,
-                                                    args=(path,)))[:1]
+                if e.lora is not None:  # an adapter (one job's slot, or the replica's one adapter)
+                    method, args = "meshrl_lora_load_file", (path, e.lora.adapter_dir, self.slot or LORA_ID)
+                else:
+                    method, args = "meshrl_load_safetensors", (path,)
+                [res] = (await e.llm.collective_rpc(method, timeout=self.cfg.weight_update_timeout_s, args=args))[:1]
                 return {"ok": True, **res}
 
             res = await self.swap(load, version)
@@ -86,9 +113,14 @@ class EngineWeights:
         ``version`` None: the report names it),
         then resume -- unless the load failed after touching the model (``weights_dirty``):
         then stay paused until a later ``swap`` succeeds. ``abort``: abort the requests in
-        flight (they are regenerated) whatever ``on_weight_update`` says."""
+        flight (they are regenerated) whatever ``on_weight_update`` says.
+
+        One adapter slot of a shared engine (module docstring): "abort" aborts the slot's own
+        requests only, and the engine resumes whatever the load did (a dirty slot's requests
+        wait in :meth:`AdapterEngine._wait_serving` instead)."""
         e = self.engine
-        async with e._update_lock:
+        shared = bool(self.slot)
+        async with e._update_lock, e._swap_lock:
             deadline = self.cfg.weight_update_timeout_s
             mode = "keep" if self.cfg.on_weight_update == "finish" and not abort else "abort"
             clock = time.perf_counter()
@@ -100,7 +132,14 @@ class EngineWeights:
                 timing[key] = now - clock
                 clock = now
 
-            if not e.weights_dirty:  # a dirty engine is paused already
+            if shared:  # the engine is never left paused for one slot
+                if mode == "abort":
+                    e._abort_epoch += 1
+                e.last_update_in_flight = e.in_flight
+                await asyncio.wait_for(e.llm.pause_generation(mode="keep", clear_cache=False), deadline)
+                if mode == "abort":  # (after the pause: a request on its way in is frozen by then, or waits)
+                    await e.abort_own_requests()
+            elif not e.weights_dirty:  # a dirty engine is paused already
                 if mode == "abort":
                     e._abort_epoch += 1
                 e.last_update_in_flight = e.in_flight
@@ -122,17 +161,25 @@ class EngineWeights:
                     on_loaded(res)
             elif res.get("touched"):
                 if not e.weights_dirty:
-                    log.error("a failed load of v%d left mixed weights (%s): not serving until a complete "
+                    log.error("a failed load of v%s left mixed weights (%s): not serving until a complete "
                               "version is loaded", version, res.get("error"))
                 e.weights_dirty = True
-            if not e.weights_dirty:
+            if shared or not e.weights_dirty:
+                # A slot's new version has a LoRA name of its own (new prefix-cache keys); the
+                # slot's frozen requests must still drop the KV of the old weights, and vLLM
+                # preempts only all running requests at once (the other slots' recompute
+                # theirs, with their unchanged adapters).
                 if mode == "keep" and res.get("ok"):
                     await self._reset_prefix_cache(deadline)
+                elif shared and e.weights_dirty:  # the slot's requests in vLLM would go on with unknown weights
+                    e._abort_epoch += 1  # (their groups are made again once a complete version is in)
+                    await e.abort_own_requests()
                 lap("reset_s")
                 await asyncio.wait_for(e.llm.resume_generation(), deadline)
                 lap("resume_s")
                 res["timing"].update(timing)
-                log.info("serving v%s (%s)", e.version, "loaded" if res.get("ok") else "load refused, unchanged")
+                log.info("%sserving v%s (%s)", f"adapter {e.key!r}: " if shared else "", e.version,
+                         "loaded" if res.get("ok") else "load refused, unchanged")
             return res
 
     async def _reset_prefix_cache(self, deadline: float) -> None:
@@ -153,18 +200,22 @@ class EngineWeights:
     # -- the weight channel, received inside the worker --------------------------------------
 
     async def _rpc(self, method: str, *args, timeout: float | None = None) -> list:
+        """``method`` on every worker, this slot's channel (the slot is the last argument)."""
         return await self.engine.llm.collective_rpc(method, timeout=timeout or self.cfg.weight_update_timeout_s,
-                                                    args=args)
+                                                    args=args + self._slot_args())
 
     async def open_channel(self, cfg, replica_id: str, served_session: int, notify_addr: str | None,
                            promoted_only: bool = False) -> dict:
         """Subscribe every worker to the publisher ``cfg`` (a WeightChannelConfig) describes
         (``promoted_only``: never as a canary)."""
         e = self.engine
+        self._own_weights()
         manifest = e.manifest.to_json() if e.manifest is not None else None
-        states = await self._rpc("meshrl_weights_open", cfg.model_dump_json(), replica_id, e.version,
-                                 served_session, manifest, notify_addr, promoted_only,
-                                 timeout=cfg.connect_timeout_s + self.cfg.weight_update_timeout_s)
+        args = (cfg.model_dump_json(), replica_id, e.version, served_session, manifest, notify_addr, promoted_only)
+        if self.slot:  # (the slot goes last, then its adapter's directory)
+            args += (self.slot, e.lora.adapter_dir)
+        states = await e.llm.collective_rpc("meshrl_weights_open", args=args,
+                                            timeout=cfg.connect_timeout_s + self.cfg.weight_update_timeout_s)
         return states[0]
 
     async def channel_state(self) -> dict:
@@ -227,7 +278,7 @@ class EngineWeights:
 
     async def worker_rss(self) -> dict:
         """Resident memory of worker 0's process (``VmRSS``, ``VmHWM`` in bytes)."""
-        return (await self._rpc("meshrl_rss_bytes"))[0]
+        return (await self.engine.llm.collective_rpc("meshrl_rss_bytes", timeout=self.cfg.weight_update_timeout_s))[0]
 
     async def param_digest(self, name: str) -> dict:
         """dtype, shape and sha256 of one parameter inside vLLM (tests: bitwise checks)."""
