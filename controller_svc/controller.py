@@ -28,6 +28,7 @@ from typing import Any
 from services import auth
 from services.data.feed_position import fed_count, fed_uids_of
 from controller_svc.broker_host import BrokerThread
+from controller_svc.fleet_attach import feed_early
 from controller_svc.job_status import StatusBoard
 from services.ledger import Ledger, audit
 from controller_svc.mesh import ServiceMesh
@@ -144,7 +145,9 @@ class JobController:
                 await asyncio.to_thread(mesh.placement.reserve, self._stopped)
             # the loggers and the validation set load while the services start
             prompts = self._open_queue("prompts", "controller")  # validation rounds are put here
-            await asyncio.gather(mesh.start(configs, self._stopped), self._start_tracking(prompts))
+            tracking = asyncio.create_task(self._start_tracking(prompts))
+            await asyncio.gather(mesh.start(configs, self._stopped), tracking,
+                                 feed_early(mesh, spec, tracking, self._stopped, self._log))
             board.write()
             if self._stopped():
                 await prompts.close()

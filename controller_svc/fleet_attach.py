@@ -19,10 +19,12 @@ stop), so the controller's supervision, scraping, ledger and feeder work unchang
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal as _signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,26 @@ class FleetAttachment:
 
     def replica(self, name: str, log_path: Path) -> "AttachedReplica":
         return AttachedReplica(name, self, log_path)
+
+
+async def feed_early(mesh: Any, spec: Any, tracking: asyncio.Task, stopped: Callable[[], bool],
+                     log: Callable[[str], None]) -> None:
+    """A job on a fleet's warm replicas (async mode) lets its feeder go as soon as the
+    replicas took the job and the step-0 validation round is queued (``tracking`` done):
+    generation starts while the trainer still loads, its samples of version 0, the
+    trainer's first. Otherwise (or past the replicas' start deadline) the controller lets the
+    feeder go once every service is ready, as for any job."""
+    if mesh.attachment is None or spec.async_.mode != "async":
+        return
+    await asyncio.shield(tracking)
+    deadline = time.monotonic() + spec.rollout.engine_startup_timeout_s
+    while not stopped() and time.monotonic() < deadline and mesh.hold_file.exists():
+        rollout = [p for p in mesh.procs if p.name.startswith("rollout")]
+        if any(p.name == "feeder" for p in mesh.procs) and rollout and all(p.ready for p in rollout):
+            mesh.hold_file.unlink(missing_ok=True)
+            log("meshrl run: the fleet's replicas took the job; feeding before the trainer is ready")
+            return
+        await asyncio.sleep(0.1)
 
 
 def job_id_of(run_dir: Path) -> str:

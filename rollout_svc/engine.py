@@ -498,6 +498,9 @@ class AdapterEngine(RolloutEngine):
         self.prefix_reset_failures = 0
         self.last_update_in_flight = 0
         self.last_load = {}
+        self.credential_file: str | None = None
+        """The job credential the job's weight channel presents (a fleet's replica serves
+        several jobs, each with its own); None: the process's."""
         self.weights = EngineWeights(self)
 
     # -- the shared engine's -----------------------------------------------------------------

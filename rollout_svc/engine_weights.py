@@ -212,8 +212,8 @@ class EngineWeights:
         self._own_weights()
         manifest = e.manifest.to_json() if e.manifest is not None else None
         args = (cfg.model_dump_json(), replica_id, e.version, served_session, manifest, notify_addr, promoted_only)
-        if self.slot:  # (the slot goes last, then its adapter's directory)
-            args += (self.slot, e.lora.adapter_dir)
+        if self.slot:  # (the slot goes last, then its adapter's directory and the job's credential)
+            args += (self.slot, e.lora.adapter_dir, getattr(e, "credential_file", None))
         states = await e.llm.collective_rpc("meshrl_weights_open", args=args,
                                             timeout=cfg.connect_timeout_s + self.cfg.weight_update_timeout_s)
         return states[0]

@@ -244,7 +244,7 @@ class WorkerWeightStream:
 
     def __init__(self, worker: Any, cfg_json: str, replica_id: str, served_version: int, served_session: int,
                  manifest_json: str | None, notify_addr: str | None, promoted_only: bool = False,
-                 lora_slot: int = 0, adapter_dir: str | None = None):
+                 lora_slot: int = 0, adapter_dir: str | None = None, credential_file: str | None = None):
         """``lora_slot`` > 0: every version is the adapter served under that vLLM LoRA id
         (``adapter_dir``: its config), on an engine serving several jobs' adapters."""
         from services.config.weights import WeightChannelConfig
@@ -266,7 +266,11 @@ class WorkerWeightStream:
         from services.weights.plan import DTYPE_NAMES
 
         serve_dtype = DTYPE_NAMES.get(worker.vllm_config.model_config.dtype, "")
+        from services import auth
+
+        credential = auth.JobCredential.load(credential_file) if credential_file else None
         self.rx = WeightReceiver(cfg, replica_id, served_version=served_version, served_session=served_session,
+                                 credential=credential,
                                  on_event=self._notify, promoted_only=promoted_only,
                                  serve_dtype=serve_dtype if serve_dtype in ("float32", "bfloat16", "float16") else "")
 

@@ -36,10 +36,12 @@ class MeshWorkerExtension:
     def meshrl_weights_open(self, cfg_json: str, replica_id: str, served_version: int, served_session: int,
                             manifest_json: str | None, notify_addr: str | None,
                             promoted_only: bool = False, slot: int = 0,
-                            adapter_dir: str | None = None) -> dict[str, Any]:
+                            adapter_dir: str | None = None, credential_file: str | None = None) -> dict[str, Any]:
         """Subscribe to the publisher (closing the slot's earlier subscription); returns ``state()``.
         ``promoted_only``: never a canary (canary mode; the live-policy endpoint). ``slot`` >
-        0: versions are the adapter served under that LoRA id (``adapter_dir`` holds its config)."""
+        0: versions are the adapter served under that LoRA id (``adapter_dir`` holds its config).
+        ``credential_file``: the job credential this channel presents (a fleet's replica serves
+        several jobs, each with its own); None: the process's."""
         from rollout_svc.weight_stream import WorkerWeightStream
 
         if slot and not adapter_dir:
@@ -48,7 +50,8 @@ class MeshWorkerExtension:
         rank = getattr(self, "rank", 0) or 0
         rid = replica_id if rank == 0 else f"{replica_id}.w{rank}"
         stream = WorkerWeightStream(self, cfg_json, rid, served_version, served_session, manifest_json, notify_addr,
-                                    promoted_only, lora_slot=slot, adapter_dir=adapter_dir)
+                                    promoted_only, lora_slot=slot, adapter_dir=adapter_dir,
+                                    credential_file=credential_file)
         state = stream.connect()
         if self._meshrl_streams is None:
             self._meshrl_streams = {}
