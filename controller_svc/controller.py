@@ -63,6 +63,7 @@ class JobController:
         self.history = History(self.run_dir / "trainer_metrics.jsonl")
         self.sup = Supervisor(spec.services.restart, [])
         self.ledger = Ledger(self.run_dir, spec.rollout.n)
+        self.fed_before = 0  # prompts a resumed job had fed before this run
         self.credential_file = self.run_dir / auth.FILE_NAME
         self.credential: auth.JobCredential | None = None
         self.mesh = ServiceMesh(spec, self.run_dir, self.sup, credential_file=self.credential_file,
@@ -133,6 +134,7 @@ class JobController:
 
                 mesh.placement = RayPlacement(spec, instance_names(spec))
                 await asyncio.to_thread(mesh.placement.connect)
+            self.fed_before = fed_count(self.run_dir / "feeder.json")  # (a job on a fleet feeds before _loop)
             configs = mesh.write_views(f"{self._broker_host()}:{self.broker_port}")
             feeder = mesh.early_feeder_view()
             if feeder is not None:  # started with the others, feeding once released (start_feeder)
@@ -208,8 +210,8 @@ class JobController:
         spec, board, mesh = self.spec, self.board, self.mesh
         watched = {name: self._open_queue(name, group) for name, group in WATCHED}
         self._read_fed()
-        if board.prompts_fed:
-            self._log(f"resuming: {board.prompts_fed} prompts fed before")
+        if self.fed_before:
+            self._log(f"resuming: {self.fed_before} prompts fed before")
         bar = self._progress_bar()
         try:
             await mesh.start_feeder(self._stopped)

@@ -222,7 +222,10 @@ class ServiceMesh:
             async with gate:
                 await ready(p)
 
-        first = [p for p in procs if not local or kind_of(p.name) == "rollout"]
+        # (a job on a fleet's warm replicas starts its feeder at once too: it feeds before the
+        # trainer is ready, controller_svc/fleet_attach.py feed_early)
+        first = [p for p in procs if not local or kind_of(p.name) == "rollout"
+                 or (self.attachment is not None and p.name == "feeder")]
         await asyncio.gather(*(ready(p) for p in first), *(gated(p) for p in procs if p not in first))
         if failed:
             raise failed[0]

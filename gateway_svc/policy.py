@@ -46,6 +46,7 @@ CAPABILITIES = ("trust_remote_code", "network", "unsandboxed_tools", "bind_any",
 INPUT_FIELDS: tuple[tuple[str, str], ...] = (
     ("model.path", "dir"),
     ("model.tokenizer_path", "any"),
+    ("model.lora_adapter_path", "dir"),
     ("data.train_files", "file"),
     ("data.val_files", "file"),
     ("data.chat_template", "template"),

@@ -51,6 +51,7 @@ class Member:
     queues: list[Any]
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task] = field(default_factory=list)
+    reported_version: int | None = None
 
 
 class FleetReplica:
@@ -121,6 +122,8 @@ class FleetReplica:
                 why = next((repr(t.exception()) for t in m.tasks if t.done() and not t.cancelled()
                             and t.exception() is not None), "its loop ended")
                 await self.detach(job, reason=f"failed: {why}", state="failed")
+            elif m.adapter.version != m.reported_version:  # the version it serves, for `meshrl fleet status`
+                self._report_attached(m)
         for job, view in wanted.items():
             if job in self.members:
                 continue
@@ -180,10 +183,14 @@ class FleetReplica:
             m.tasks.append(asyncio.create_task(run_weight_subscriber(replica, jv.weights, self.name, m.stop),
                                                name=f"{job}-weights"))
         self.members[job] = m
-        self.fdir.report(self.name, job, "attached", metrics=f"{http.host}:{http.port}",
-                         served_version=adapter.version)
+        self._report_attached(m)
         log.info("fleet replica %s: serving job %s (metrics %s:%s)", self.name, job, http.host, http.port)
         return None
+
+    def _report_attached(self, m: Member) -> None:
+        m.reported_version = m.adapter.version
+        self.fdir.report(self.name, m.job_id, "attached", metrics=f"{m.http.host}:{m.http.port}",
+                         served_version=m.reported_version)
 
     async def detach(self, job: str, *, reason: str, state: str = "detached") -> None:
         m = self.members.pop(job)

@@ -247,6 +247,7 @@ REFUSED = [
     ("model.path", {"model.path": "/root"}),
     ("data.train_files[0]", {"data.train_files": ["/etc/passwd"]}),
     ("model.tokenizer_path", {"model.tokenizer_path": "/etc/shadow"}),
+    ("model.lora_adapter_path", {"model.lora_rank": 8, "model.lora_adapter_path": "/root"}),
     ("name", {"name": "ok-name\n"}),
 ]
 

@@ -1,0 +1,218 @@
+"""Benchmark: adapter jobs on a warm fleet against the same job started cold.
+
+The job is the quick start with a LoRA adapter (``--job quickstart``: the tiny model after
+its warm start, rank 8; the default) or the real-model LoRA example (``--job real``:
+``examples/smollm2_lora.yaml`` on ``runs/smollm2/model``, prepared as examples/smollm2.yaml
+says). In one invocation:
+
+1. **cold**: ``meshrl run JOB``, the job starting its own replica as it does today;
+2. a fleet of one replica is started (``meshrl fleet start``; not timed) and the same job
+   runs **warm**, attached to it (``services.rollout.fleet``), alone;
+3. ``--jobs K`` copies of the job (seeds 0..K-1) run at once on the fleet.
+
+Every run is timed from its ``meshrl run``'s launch: its first generated sample (the job's
+``meshrl_rollout_samples_total`` above 0, read on the job's replica metrics port at 10 Hz)
+and its first trained step (the first line of ``trainer_metrics.jsonl``). Generated tokens
+per second are the job's ``meshrl_rollout_tokens_total`` between its first sample and its
+last reading; for K jobs, all their tokens over the span from the first first-sample to the
+last reading. Each job's ledger (``summary.json``) must be exact; ``lost`` counts samples
+lost or trained twice over all runs. Step-0 validation is off (it would time the validation
+set, not the start). The last line:
+
+    fleet first_sample_s=<warm s> first_step_ratio=<warm / cold> jobs=<K> tokens_per_s_ratio=<K jobs / one alone> lost=<n>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEET = "bench"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--job", choices=["quickstart", "real"], default="quickstart")
+    p.add_argument("--jobs", type=int, default=3, help="jobs at once on the fleet (default 3)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per job (default: quickstart 20, real 4)")
+    p.add_argument("--workdir", default=None, help="models, data, runs and the fleet (default: a temp dir)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an extra override of every job")
+    return p.parse_args(argv)
+
+
+@dataclass
+class Run:
+    """One ``meshrl run``: times from its launch, its token counter over time."""
+
+    name: str
+    run_dir: Path
+    launched: float = 0.0
+    first_sample: float | None = None
+    first_step: float | None = None
+    tokens: list[tuple[float, float]] = field(default_factory=list)  # (unix time, meshrl_rollout_tokens_total)
+    ledger: dict = field(default_factory=dict)
+    returncode: int | None = None
+
+    def first_sample_s(self) -> float:
+        return self.first_sample - self.launched if self.first_sample else float("nan")
+
+    def first_step_s(self) -> float:
+        return self.first_step - self.launched if self.first_step else float("nan")
+
+    def tokens_per_s(self) -> float:
+        pts = [p for p in self.tokens if p[1] > 0]
+        return (pts[-1][1] / (pts[-1][0] - self.first_sample)) if pts and self.first_sample and pts[-1][0] > \
+            self.first_sample else float("nan")
+
+    def line(self) -> str:
+        led = self.ledger.get("audit", {})
+        return (f"{self.name:10s} first_sample_s={self.first_sample_s():.1f} first_step_s={self.first_step_s():.1f} "
+                f"tokens_per_s={self.tokens_per_s():.0f} lost={led.get('lost', '?')} "
+                f"trained_twice={led.get('trained_twice', '?')} load={load()}")
+
+
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def watch(run: Run, proc: subprocess.Popen) -> None:
+    """Poll the job's replica metrics and its step file until the process ends."""
+    from services.metrics.scrape import scrape
+
+    url = None
+    steps = run.run_dir / "trainer_metrics.jsonl"
+    while proc.poll() is None:
+        now = time.time()
+        if url is None:
+            url = _metrics_url(run.run_dir)
+        if url is not None:
+            m = scrape(url, timeout=0.5)
+            if m.get("meshrl_rollout_samples_total", 0) > 0 and run.first_sample is None:
+                run.first_sample = now
+            if "meshrl_rollout_tokens_total" in m:
+                run.tokens.append((now, m["meshrl_rollout_tokens_total"]))
+        if run.first_step is None and steps.exists() and steps.stat().st_size:
+            run.first_step = json.loads(steps.read_text().splitlines()[0])["time"]
+        time.sleep(0.1)
+    run.returncode = proc.returncode
+
+
+def _metrics_url(run_dir: Path) -> str | None:
+    import yaml
+
+    view = run_dir / "config" / "rollout-0.yaml"
+    try:
+        res = yaml.safe_load(view.read_text())["resources"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    return f"http://{res['host']}:{res['metrics_port']}/metrics"
+
+
+def start_runs(runs: list[tuple[Run, list[str]]], env: dict) -> None:
+    """Launch every run at once, watch each, wait for all; exit naming a failed one."""
+    threads, logs = [], []
+    for run, cmd in runs:
+        log = open(run.run_dir.parent / f"{run.name}.log", "w")
+        logs.append(log)
+        run.launched = time.time()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        threads.append(threading.Thread(target=watch, args=(run, proc)))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    for log in logs:
+        log.close()
+    for run, _ in runs:
+        if run.returncode != 0:
+            log = run.run_dir.parent / f"{run.name}.log"
+            raise SystemExit(f"{run.name}: meshrl run exited {run.returncode}; see {log}:\n{log.read_text()[-3000:]}")
+        run.ledger = json.loads((run.run_dir / "summary.json").read_text())["ledger"]
+
+
+def job_command(spec: Path, base: list[str], run_dir: Path, seed: int, fleet: bool) -> list[str]:
+    return [sys.executable, "-m", "meshrl_cli", "run", str(spec), *base, f"data.seed={seed}", f"rollout.seed={seed}",
+            *([f"services.rollout.fleet={FLEET}"] if fleet else []), "--run-dir", str(run_dir), "--no-progress"]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="meshrl-fleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, MESHRL_FLEETS_DIR=str(work / "fleets"))
+    if args.job == "quickstart":
+        from meshrl_cli.quickstart import prepare
+
+        steps = args.steps or 20
+        model, data, _ = prepare(work / "quickstart", 0, 50, log=lambda line: print(line, flush=True))
+        spec = ROOT / "examples" / "quickstart.yaml"
+        rank, lengths = 8, (32, 6)
+        base = [f"model.path={model}", f"data.train_files={data / 'train.parquet'}", "data.val_files=[]",
+                "model.lora_rank=8", "model.lora_alpha=16", "actor.optim.lr=5e-3"]
+    else:
+        steps = args.steps or 4
+        model = ROOT / "runs" / "smollm2" / "model"
+        if not (model / "config.json").exists():
+            raise SystemExit(f"{model} is missing: prepare it as examples/smollm2.yaml says")
+        spec = ROOT / "examples" / "smollm2_lora.yaml"
+        rank, lengths = 16, (96, 32)
+        base = ["data.val_files=[]", "trainer.save_freq=-1"]
+    base += [f"trainer.total_steps={steps}", "trainer.val_before_train=false", "trainer.test_freq=-1", *args.set]
+
+    print(f"== cold: the job starts its own replica (load {load()})", flush=True)
+    cold = Run("cold", work / "cold")
+    start_runs([(cold, job_command(spec, base, cold.run_dir, 0, fleet=False))], env)
+    print(cold.line(), flush=True)
+
+    fleet_spec = work / "fleet.yaml"
+    fleet_spec.write_text(json.dumps({
+        "name": FLEET, "model": {"path": str(model), "lora_rank": rank},
+        "rollout": {"prompt_length": lengths[0], "response_length": lengths[1], "kv_cache_space_gib": 2,
+                    "max_num_seqs": 256},
+        "replicas": 1, "max_jobs": max(4, args.jobs)}))
+    fleet_log = open(work / "fleet.log", "w")
+    fleet = subprocess.Popen([sys.executable, "-m", "meshrl_cli", "fleet", "start", str(fleet_spec)], cwd=ROOT,
+                             env=env, stdout=fleet_log, stderr=subprocess.STDOUT)
+    try:
+        from services.fleets import FleetDir
+
+        fdir = FleetDir(FLEET, work / "fleets")
+        deadline = time.monotonic() + 600
+        while (fdir.state() or {}).get("state") != "ready":
+            if fleet.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the fleet did not start; see {work / 'fleet.log'}")
+            time.sleep(0.5)
+        print(f"== warm: the same job on the fleet's replica, alone (load {load()})", flush=True)
+        warm = Run("warm", work / "warm")
+        start_runs([(warm, job_command(spec, base, warm.run_dir, 0, fleet=True))], env)
+        print(warm.line(), flush=True)
+        print(f"== {args.jobs} jobs at once on the fleet (load {load()})", flush=True)
+        many = [Run(f"fleet-{i}", work / f"fleet-{i}") for i in range(args.jobs)]
+        start_runs([(r, job_command(spec, base, r.run_dir, i, fleet=True)) for i, r in enumerate(many)], env)
+        for r in many:
+            print(r.line(), flush=True)
+    finally:
+        subprocess.run([sys.executable, "-m", "meshrl_cli", "fleet", "stop", FLEET], cwd=ROOT, env=env,
+                       capture_output=True, timeout=180)
+        fleet.wait(60)
+        fleet_log.close()
+
+    span_start = min(r.first_sample for r in many if r.first_sample)
+    span_end = max(r.tokens[-1][0] for r in many if r.tokens)
+    many_rate = sum(r.tokens[-1][1] for r in many if r.tokens) / (span_end - span_start)
+    lost = sum(r.ledger["audit"]["lost"] + r.ledger["audit"]["trained_twice"] for r in (cold, warm, *many))
+    print(f"fleet first_sample_s={warm.first_sample_s():.1f} first_step_ratio={warm.first_step_s() / cold.first_step_s():.3f} "
+          f"jobs={args.jobs} tokens_per_s_ratio={many_rate / warm.tokens_per_s():.3f} lost={lost}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
