@@ -46,8 +46,9 @@ from gateway_svc.redact import redact_text
 from gateway_svc.spec_validation import SpecRejected, load_raw
 from services.config.fleet import NAME_PATTERN, FleetSpec
 from services.config.loader import ConfigError, dump_model, validate
-from services.fleets import FLEETS_ENV, FleetDir
+from services.fleets import FLEETS_ENV, FleetDir, write_private_whole
 from services.handoff import read_json
+from services.procs import tail_text
 
 FLEET_NAME = re.compile(NAME_PATTERN)
 LAUNCH_FILE = "gateway.json"
@@ -136,7 +137,7 @@ class FleetManager:
             os.chmod(fdir.path, 0o700)
             fdir.stop_file.unlink(missing_ok=True)  # an earlier run's stop request (the fleet clears it too)
             spec_path = fdir.path / SPEC_FILE
-            _write_private(spec_path, dump_model(fleet))
+            write_private_whole(spec_path, dump_model(fleet))
             argv = [*self.command, str(spec_path), "--fleets-dir", str(self.root)]
             env = {**os.environ, **self.env, FLEETS_ENV: str(self.root)}
             try:
@@ -154,7 +155,7 @@ class FleetManager:
             threading.Thread(target=proc.wait, name=f"fleet-{name}-reaper", daemon=True).start()
             stat = _proc_stat(proc.pid)
             launch = {"pid": proc.pid, "start_ticks": stat[1] if stat else None, "started": time.time(), "argv": argv}
-            _write_private(fdir.path / LAUNCH_FILE, json.dumps(launch))
+            write_private_whole(fdir.path / LAUNCH_FILE, json.dumps(launch))
         view = self._view(name) or {}
         known = {"model": fleet.model.path, "max_jobs": fleet.max_jobs, "max_lora_rank": fleet.max_lora_rank}
         return {**view, **{k: v for k, v in known.items() if view.get(k) is None}}
@@ -316,22 +317,7 @@ def _str(v: Any) -> str | None:
 
 
 def _tail(path: Path, lines: int = 8) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 4096))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    return tail_text(path, lines)
 
 
 __all__ = ["FleetConflict", "FleetLaunchError", "FleetManager", "FleetNotFound", "FleetStillStopping", "fleets_dir"]

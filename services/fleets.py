@@ -96,7 +96,7 @@ class FleetDir:
         self.stop_file.unlink(missing_ok=True)
         for f in (self.path / "members").glob("*/*.json"):
             f.unlink(missing_ok=True)
-        _write_private(self.spec_file, spec_text)
+        write_private_whole(self.spec_file, spec_text)
 
     def write_state(self, state: str, replicas: list[str], **extra: Any) -> None:
         write_json(self.state_file, {"name": self.name, "state": state, "pid": os.getpid(), "replicas": replicas,
@@ -131,9 +131,9 @@ class FleetDir:
         d = self.job_dir(job_id)
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)
-        _write_private(self.job_credential(job_id), credential_text)
+        write_private_whole(self.job_credential(job_id), credential_text)
         for replica, text in views.items():
-            _write_private(self.job_view(job_id, replica), text)
+            write_private_whole(self.job_view(job_id, replica), text)
         return d
 
     def detach(self, job_id: str) -> None:
@@ -167,11 +167,12 @@ class FleetDir:
         return out
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` at once, readable by this user only."""
+def write_private_whole(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` at once (a reader sees the old or the new file, never
+    half), readable by this user only; a symlink planted at the temporary name is not followed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)

@@ -35,6 +35,19 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+def tail_text(path: Path, lines: int = 8, max_bytes: int = 4096) -> str:
+    """The last ``lines`` lines within the last ``max_bytes`` of ``path`` ("" if unreadable):
+    what an API shows of a log, without reading a large one whole."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - max_bytes))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
 @dataclass(frozen=True)
 class ProcStat:
     """What ``/proc/<pid>/stat`` says of one process (see proc(5)); times in clock ticks

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.procs import tail_text
 from services.config.views import write_private
 from gateway_svc.launchers.base import JobState, JobStatus, LaunchError, Launcher
 
@@ -152,14 +153,7 @@ PROGRESS_FLOATS = ("reward_mean", "staleness", "tokens_per_s", "loss", "kl", "en
 
 
 def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 4096))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
+    return tail_text(path, lines)
 
 
 class LocalLauncher(Launcher):

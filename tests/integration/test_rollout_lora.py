@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import os
 
-import numpy as np
 import pytest
 import torch
 
 from tests.fixtures.engine_loop import EngineLoop
+from tests.integration.lora_replica_support import item, log_prob_gap, prompt_ids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -79,41 +79,8 @@ def policy(tiny_model: str):
     return model.eval()
 
 
-def _item(prompt: list[int], uid: str, n: int = 4):
-    from services.protocol import DataProto
-
-    ids = np.empty(1, dtype=object)
-    ids[0] = prompt
-    return DataProto.from_dict(
-        non_tensors={"raw_prompt_ids": ids, "uid": np.array([uid], dtype=object),
-                     "sample_id": np.array([uid], dtype=object), "data_source": np.array(["meshrl/arith"], dtype=object),
-                     "reward_model": np.array([{"style": "rule", "ground_truth": "1"}], dtype=object)},
-        meta_info={"validate": False, "epoch": 0, "n": n})
-
-
-def _prompt(tiny_model: str, text: str) -> list[int]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model)
-    return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True,
-                                   return_dict=False)
-
-
-def _gap(model, out) -> tuple[float, float]:
-    """Mean and max |log p_trainer - log p_replica| over the sampled tokens of a group."""
-    from trainer_svc.actor import forward_log_probs
-
-    b = out.batch
-    with torch.no_grad():
-        _, lp = forward_log_probs(model, {k: b[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")},
-                                  1.0, False)
-    m = b["response_mask"].bool()
-    d = (lp - b["rollout_log_probs"].float()).abs()[m]
-    return float(d.mean()), float(d.max())
-
-
 def _generate(el, replica, prompt, uid):
-    return el.run(replica.generate_item(_item(prompt, uid)))[0]
+    return el.run(replica.generate_item(item(prompt, uid)))[0]
 
 
 def _wait(pred, what: str, timeout: float = DEADLINE_S) -> None:
@@ -129,10 +96,10 @@ def _wait(pred, what: str, timeout: float = DEADLINE_S) -> None:
 def test_zero_adapter_serves_the_base_model(rig, policy, tiny_model):
     el, engine, replica, _ = rig
     assert engine.lora_request is not None and engine.lora_request.lora_int_id == 1
-    out = _generate(el, replica, _prompt(tiny_model, "3+4="), "base")
+    out = _generate(el, replica, prompt_ids(tiny_model, "3+4="), "base")
     assert out.batch["policy_version"].tolist() == [0] * 4
     with policy.disable_adapter():
-        mean, worst = _gap(policy, out)
+        mean, worst = log_prob_gap(policy, out)
     print(f"lora log-prob gap, zero adapter vs base: mean {mean:.2e} max {worst:.2e}")
     assert mean < 1e-4 and worst < 1e-3
 
@@ -143,7 +110,7 @@ def test_adapter_versions_load_in_place_and_match_the_trainer(rig, policy, tiny_
     from trainer_svc.lora import iter_adapter_tensors
 
     el, engine, replica, pub = rig
-    prompt = _prompt(tiny_model, "8-2=")
+    prompt = prompt_ids(tiny_model, "8-2=")
     full_bytes = sum(t.numel() * t.element_size() for t in load_file(f"{tiny_model}/model.safetensors").values())
     adapter = dict(iter_adapter_tensors(policy))
     adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
@@ -157,11 +124,11 @@ def test_adapter_versions_load_in_place_and_match_the_trainer(rig, policy, tiny_
     assert engine.last_load["ok"] and engine.last_load["tensors"] == len(adapter)
     out = _generate(el, replica, prompt, "lora1")
     assert out.batch["policy_version"].tolist() == [v] * 4
-    mean, worst = _gap(policy, out)
+    mean, worst = log_prob_gap(policy, out)
     print(f"lora log-prob gap, trainer PEFT vs vLLM LoRA: mean {mean:.2e} max {worst:.2e}")
     assert mean < 1e-4 and worst < 1e-3
     with policy.disable_adapter():  # the adapter does change the policy the replica serves
-        base_mean, _ = _gap(policy, out)
+        base_mean, _ = log_prob_gap(policy, out)
     assert base_mean > 100 * mean
 
     # the publisher's snapshot of that version, as a rejoining replica loads it
@@ -169,7 +136,7 @@ def test_adapter_versions_load_in_place_and_match_the_trainer(rig, policy, tiny_
     res = el.run(engine.weights.load_snapshot(v, 30.0))
     assert res["ok"] and res["version"] == v and res["tensors"] == len(adapter), res
     out = _generate(el, replica, prompt, "lora-snap")
-    assert _gap(policy, out)[0] < 1e-4
+    assert log_prob_gap(policy, out)[0] < 1e-4
 
 
 def test_bad_adapter_versions_are_refused(rig, policy, tiny_model):
@@ -190,6 +157,6 @@ def test_bad_adapter_versions_are_refused(rig, policy, tiny_model):
               and not engine.last_load.get("ok"), "the refusal")
         assert engine.version == served and not engine.weights_dirty
         engine.last_load = {}
-    out = _generate(el, replica, _prompt(tiny_model, "5+5="), "after-bad")
+    out = _generate(el, replica, prompt_ids(tiny_model, "5+5="), "after-bad")
     assert out.batch["policy_version"].tolist() == [served] * 4
-    assert _gap(policy, out)[0] < 1e-4  # still the good adapter
+    assert log_prob_gap(policy, out)[0] < 1e-4  # still the good adapter

@@ -19,11 +19,11 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from tests.fixtures.engine_loop import EngineLoop
+from tests.integration.lora_replica_support import item, log_prob_gap, prompt_ids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -134,39 +134,6 @@ def rig(tiny_model: str):
         engine.shutdown()
 
 
-def _item(prompt: list[int], uid: str, n: int = 4, validate: bool = False):
-    from services.protocol import DataProto
-
-    ids = np.empty(1, dtype=object)
-    ids[0] = prompt
-    return DataProto.from_dict(
-        non_tensors={"raw_prompt_ids": ids, "uid": np.array([uid], dtype=object),
-                     "sample_id": np.array([uid], dtype=object), "data_source": np.array(["meshrl/arith"], dtype=object),
-                     "reward_model": np.array([{"style": "rule", "ground_truth": "1"}], dtype=object)},
-        meta_info={"validate": validate, "epoch": 0, "n": n})
-
-
-def _prompt(tiny_model: str, text: str) -> list[int]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model)
-    return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True,
-                                   return_dict=False)
-
-
-def _gap(model, out) -> tuple[float, float]:
-    """Mean and max |log p_reference - log p_replica| over the sampled tokens of a group."""
-    from trainer_svc.actor import forward_log_probs
-
-    b = out.batch
-    with torch.no_grad():
-        _, lp = forward_log_probs(model, {k: b[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")},
-                                  1.0, False)
-    m = b["response_mask"].bool()
-    d = (lp - b["rollout_log_probs"].float()).abs()[m]
-    return float(d.mean()), float(d.max())
-
-
 def _together(el, *calls):
     """Run ``(replica, item)`` generations concurrently (one engine, the same batches)."""
     async def run():
@@ -194,29 +161,29 @@ def test_two_adapters_in_one_engine_each_job_gets_its_own(rig, policies, tiny_mo
     assert (a.adapter.lora_slot, b.adapter.lora_slot) == (1, 2) and engine.free_adapter_slots == 0
     a.publish(1, _adapter(policies["a"]))  # each over its own channel, into its own slot
     b.publish(1, _adapter(policies["b"]))
-    prompt = _prompt(tiny_model, "3+4=")
+    prompt = prompt_ids(tiny_model, "3+4=")
 
     # greedy, each job alone, then both at once with a base-model request in the same batches
-    alone = {k: _responses(_together(el, (j.replica, _item(prompt, f"g-{k}", 1, validate=True)))[0])
+    alone = {k: _responses(_together(el, (j.replica, item(prompt, f"g-{k}", 1, validate=True)))[0])
              for k, j in jobs.items()}
-    out_a, out_b, out_base = _together(el, (a.replica, _item(prompt, "g-a", 1, validate=True)),
-                                       (b.replica, _item(prompt, "g-b", 1, validate=True)),
-                                       (base, _item(prompt, "g-base", 1, validate=True)))
+    out_a, out_b, out_base = _together(el, (a.replica, item(prompt, "g-a", 1, validate=True)),
+                                       (b.replica, item(prompt, "g-b", 1, validate=True)),
+                                       (base, item(prompt, "g-base", 1, validate=True)))
     assert _responses(out_a) == alone["a"] and _responses(out_b) == alone["b"]
 
     # sampled, at once: each job's log-probs are its own adapter's, not the other's
-    out_a, out_b, out_base = _together(el, (a.replica, _item(prompt, "s")), (b.replica, _item(prompt, "s")),
-                                       (base, _item(prompt, "s")))
+    out_a, out_b, out_base = _together(el, (a.replica, item(prompt, "s")), (b.replica, item(prompt, "s")),
+                                       (base, item(prompt, "s")))
     assert out_a.batch["policy_version"].tolist() == [1] * 4 and out_b.batch["policy_version"].tolist() == [1] * 4
     for key, out in (("a", out_a), ("b", out_b)):
-        mean, worst = _gap(policies[key], out)
-        other, _ = _gap(policies["b" if key == "a" else "a"], out)
+        mean, worst = log_prob_gap(policies[key], out)
+        other, _ = log_prob_gap(policies["b" if key == "a" else "a"], out)
         print(f"job {key}: log-prob gap to its PEFT reference mean {mean:.2e} max {worst:.2e}; "
               f"to the other job's {other:.2e}")
         assert mean < 1e-4 and worst < 1e-3
         assert other > 100 * mean
     with policies["a"].disable_adapter():  # the base request in the same batches got no adapter
-        mean, worst = _gap(policies["a"], out_base)
+        mean, worst = log_prob_gap(policies["a"], out_base)
     assert mean < 1e-4 and worst < 1e-3
     assert _responses(out_a) != _responses(out_b)  # the same seeds, different policies
 
@@ -224,17 +191,17 @@ def test_two_adapters_in_one_engine_each_job_gets_its_own(rig, policies, tiny_mo
 def test_a_version_of_one_job_leaves_the_other_unchanged(rig, policies, tiny_model):
     el, engine, jobs, _, _ = rig
     a, b = jobs["a"], jobs["b"]
-    prompt = _prompt(tiny_model, "8-2=")
-    before = _together(el, (b.replica, _item(prompt, "iso")))[0]
+    prompt = prompt_ids(tiny_model, "8-2=")
+    before = _together(el, (b.replica, item(prompt, "iso")))[0]
     v_b = b.adapter.version
     a_next = _peft_policy(tiny_model, seed=3, **JOB_A)
     a.publish(a.adapter.version + 1, _adapter(a_next))
-    after, out_a = _together(el, (b.replica, _item(prompt, "iso")), (a.replica, _item(prompt, "iso")))
+    after, out_a = _together(el, (b.replica, item(prompt, "iso")), (a.replica, item(prompt, "iso")))
     assert b.adapter.version == v_b and after.batch["policy_version"].tolist() == [v_b] * 4
     assert _responses(after) == _responses(before)
     torch.testing.assert_close(after.batch["rollout_log_probs"], before.batch["rollout_log_probs"], atol=1e-5, rtol=0)
-    assert _gap(policies["b"], after)[0] < 1e-4
-    assert _gap(a_next, out_a)[0] < 1e-4 and out_a.batch["policy_version"].tolist() == [a.adapter.version] * 4
+    assert log_prob_gap(policies["b"], after)[0] < 1e-4
+    assert log_prob_gap(a_next, out_a)[0] < 1e-4 and out_a.batch["policy_version"].tolist() == [a.adapter.version] * 4
     # a version of the wrong shape for job B (job A's adapter) is refused by B's own manifest
     b.pub.publish(v_b + 1, iter(_adapter(a_next).items()))
     _wait(lambda: b.adapter.last_load.get("refused") and not b.adapter.last_load.get("ok"), "job B's refusal")
@@ -251,7 +218,7 @@ def test_a_released_slot_serves_the_next_key(rig, policies, tiny_model, tmp_path
     a.leave()
     el.run(engine.release_adapter("job-a"))
     assert engine.free_adapter_slots == 1 and "job-a" not in engine.adapters
-    gone = el.run(a.adapter.generate_one(_prompt(tiny_model, "1+1="), cfg, "gone"))
+    gone = el.run(a.adapter.generate_one(prompt_ids(tiny_model, "1+1="), cfg, "gone"))
     assert gone.error and "released" in gone.error
 
     with pytest.raises(ValueError) as big:  # above the engine's max_lora_rank: one line
@@ -263,10 +230,10 @@ def test_a_released_slot_serves_the_next_key(rig, policies, tiny_model, tmp_path
     c = _Job(el, engine, "job-c", LoraServing(**JOB_A, adapter_dir=str(tmp_path / "c")), cfg)
     jobs["c"] = c
     assert c.adapter.lora_slot == 1 and c.adapter.version == 0
-    prompt = _prompt(tiny_model, "2+5=")
-    out_c, out_b = _together(el, (c.replica, _item(prompt, "reuse")), (b.replica, _item(prompt, "reuse")))
-    assert _gap(policy_c, out_c)[0] < 1e-4  # the new key's adapter, not job A's leftovers
-    assert _gap(policies["b"], out_b)[0] < 1e-4
+    prompt = prompt_ids(tiny_model, "2+5=")
+    out_c, out_b = _together(el, (c.replica, item(prompt, "reuse")), (b.replica, item(prompt, "reuse")))
+    assert log_prob_gap(policy_c, out_c)[0] < 1e-4  # the new key's adapter, not job A's leftovers
+    assert log_prob_gap(policies["b"], out_b)[0] < 1e-4
     c.publish(1, _adapter(policies["a"]))  # and its own channel loads into its slot
-    out_c = _together(el, (c.replica, _item(prompt, "reuse-v1")))[0]
-    assert _gap(policies["a"], out_c)[0] < 1e-4 and out_c.batch["policy_version"].tolist() == [1] * 4
+    out_c = _together(el, (c.replica, item(prompt, "reuse-v1")))[0]
+    assert log_prob_gap(policies["a"], out_c)[0] < 1e-4 and out_c.batch["policy_version"].tolist() == [1] * 4
