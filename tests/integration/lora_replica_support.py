@@ -1,7 +1,9 @@
-"""What the LoRA replica tests share: a prompt item, a chat prompt's ids, and the log-prob gap
-between a reference model and what a replica sampled."""
+"""What the LoRA replica tests share: a prompt item, a chat prompt's ids, the log-prob gap
+between a reference model and what a replica sampled, and a bounded wait."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
@@ -40,3 +42,12 @@ def log_prob_gap(model, out) -> tuple[float, float]:
     m = b["response_mask"].bool()
     d = (lp - b["rollout_log_probs"].float()).abs()[m]
     return float(d.mean()), float(d.max())
+
+
+def wait_for(pred, what: str, timeout: float) -> None:
+    """Poll ``pred`` until true; AssertionError naming ``what`` past ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

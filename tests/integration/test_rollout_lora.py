@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.fixtures.engine_loop import EngineLoop
-from tests.integration.lora_replica_support import item, log_prob_gap, prompt_ids
+from tests.integration.lora_replica_support import item, log_prob_gap, prompt_ids, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -84,13 +84,7 @@ def _generate(el, replica, prompt, uid):
 
 
 def _wait(pred, what: str, timeout: float = DEADLINE_S) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_for(pred, what, timeout)
 
 
 def test_zero_adapter_serves_the_base_model(rig, policy, tiny_model):

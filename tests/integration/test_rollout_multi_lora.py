@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.fixtures.engine_loop import EngineLoop
-from tests.integration.lora_replica_support import item, log_prob_gap, prompt_ids
+from tests.integration.lora_replica_support import item, log_prob_gap, prompt_ids, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -143,11 +142,7 @@ def _together(el, *calls):
 
 
 def _wait(pred, what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_for(pred, what, timeout)
 
 
 def _responses(out) -> list[list[int]]:
