@@ -73,6 +73,7 @@ class JobController:
         self.broker_port = 0
         self._broker: BrokerThread | None = None
         self._scrapes: dict[str, dict[str, float]] = {}  # the last /metrics of each live service
+        self._trainer_wait: float | None = None  # a job on a fleet: its trainer's seconds waiting for samples
         self._stop_signal: int | None = None
 
     @property
@@ -232,6 +233,7 @@ class JobController:
                         board.state, board.detail = "succeeded", f"trained {spec.trainer.total_steps} steps"
                         return 0
                     trainer.kill_reason = f"stopped at step {last} of {spec.trainer.total_steps}"
+                mesh.follow_fleet()
                 mesh.supervise(self._stopped, on_exit=self._on_exit)
                 if time.monotonic() - observed_at >= self.observe_s:
                     observed_at = time.monotonic()
@@ -239,6 +241,7 @@ class JobController:
                     self._read_fed()
                     await self._broker_ledger()
                     board.queues = await self._depths(watched)
+                    self._tell_fleet(board.queues)
                     self._check_stall()
                     board.write()
                 elif self.history.grown():  # a step ended: read it now, so its validation round starts now
@@ -258,6 +261,14 @@ class JobController:
             await prompts.close()
             for q in watched.values():
                 await q.close()
+
+    def _tell_fleet(self, depths: dict[str, int]) -> None:
+        """A job on a fleet: its load into the fleet's directory (what the fleet scales on)."""
+        if self.mesh.attachment is None:
+            return
+        from controller_svc.fleet_attach import write_load
+
+        write_load(self.mesh, self._scrapes, depths, self._trainer_wait, self.ledger.counts().get("dropped_stale", 0))
 
     def _on_exit(self, name: str) -> None:
         if name == "trainer":
@@ -301,6 +312,10 @@ class JobController:
         self._scrapes = {}
         for name, (status, body) in zip(urls, got_all):
             got = parse_metrics(body) if status == 200 else {}
+            if name == "trainer" and status == 200 and self.mesh.attachment is not None:
+                from controller_svc.fleet_attach import trainer_wait_s
+
+                self._trainer_wait = trainer_wait_s(body)
             self.ledger.observe(name, got, incarnation=self.sup.restarts().get(name, 0))
             self._scrapes[name] = got
         if "meshrl_feeder_in_flight_prompts" in self._scrapes.get("feeder", {}):  # as the queue's ledger says

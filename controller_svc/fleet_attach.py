@@ -15,6 +15,15 @@ stop), so the controller's supervision, scraping, ledger and feeder work unchang
 - ``signal`` never reaches the fleet's process: a job may not kill a replica others use;
   SIGKILL (the job found it stuck) only marks it exited here;
 - ``stop`` of the job's last attached replica takes the job off the fleet.
+
+A fleet that scales (docs/fleet.md, "Scaling") runs some of its replicas only part of the
+time. The job hands over a view for every replica the fleet may run; one the fleet does not
+serve with now (its phase in ``fleet.json`` is ``off``, ``starting`` or ``draining``) is
+*parked* in the job: not ready, not exited, neither scraped nor expected to beat.
+:meth:`AttachedReplica.follow` (the controller calls it every round, through
+``ServiceMesh.follow_fleet``) parks a replica the fleet drains and takes back one that joined
+and attached the job. The job also tells the fleet its load (:func:`write_load`), which is
+what the fleet scales on.
 """
 
 from __future__ import annotations
@@ -81,12 +90,45 @@ async def feed_early(mesh: Any, spec: Any, tracking: asyncio.Task, stopped: Call
     await asyncio.shield(tracking)
     deadline = time.monotonic() + spec.rollout.engine_startup_timeout_s
     while not stopped() and time.monotonic() < deadline and mesh.hold_file.exists():
-        rollout = [p for p in mesh.procs if p.name.startswith("rollout")]
+        rollout = [p for p in mesh.procs if p.name.startswith("rollout") and not p.parked]
         if any(p.name == "feeder" for p in mesh.procs) and rollout and all(p.ready for p in rollout):
             mesh.hold_file.unlink(missing_ok=True)
             log("meshrl run: the fleet's replicas took the job; feeding before the trainer is ready")
             return
         await asyncio.sleep(0.1)
+
+
+def write_load(mesh: Any, scrapes: dict[str, dict[str, float]], depths: dict[str, int],
+               trainer_wait_s: float | None, dropped_stale: float) -> None:
+    """Tell the fleet this job's load (``jobs/<job>/load.json``: what it scales on); nothing
+    once the job left the fleet."""
+    att = mesh.attachment
+    if att is None or not att.attached:
+        return
+    rollout = [s for n, s in scrapes.items() if n.startswith("rollout")]
+    trainer = scrapes.get("trainer", {})
+    att.fdir.write_load(att.job_id, {
+        "prompts": depths.get("prompts", 0),
+        "leased": sum(s.get("meshrl_rollout_groups_in_flight", 0.0) for s in rollout),
+        "tokens_per_s": sum(s.get("meshrl_rollout_tokens_per_second", 0.0) for s in rollout),
+        "trainer_wait_s": trainer_wait_s or 0.0,
+        "dropped_stale": dropped_stale,
+        "version": int(trainer.get("meshrl_trainer_policy_version", 0) or 0),
+    })
+
+
+def trainer_wait_s(body: bytes) -> float | None:
+    """The trainer's ``meshrl_trainer_phase_seconds_total{phase="wait"}`` in a ``/metrics`` body."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):
+            for s in fam.samples:
+                if s.name == "meshrl_trainer_phase_seconds_total" and s.labels.get("phase") == "wait":
+                    return float(s.value)
+    except ValueError:
+        return None
+    return None
 
 
 def job_id_of(run_dir: Path) -> str:
@@ -104,9 +146,40 @@ class AttachedReplica:
         self.proc = None  # not this job's process
         self.kill_reason = ""
         self.ready: Ready | None = None
+        self.parked = False  # the fleet runs it not now (see module doc)
         self._since = 0.0
         self._killed: int | None = None
         self.node = None
+
+    def _phase(self) -> str:
+        """The replica's phase in the fleet: off | starting | serving | draining ("serving" for
+        a fleet that does not say: it never scales)."""
+        member = ((self.att.fdir.state() or {}).get("members") or {}).get(self.name) or {}
+        return member.get("phase", "serving")
+
+    def _attached(self) -> Ready | None:
+        r = self._report()
+        if r and r.get("state") == "attached" and _alive(r.get("pid")):
+            return Ready("rollout", self.name, int(r["pid"]), {"metrics": r["metrics"]})
+        return None
+
+    def follow(self) -> str | None:
+        """Follow the fleet's scaling: ``"left"`` when the fleet drains this replica (parked
+        now), ``"joined"`` when a parked replica serves the job again, else None."""
+        if self._killed is not None:
+            return None
+        phase = self._phase()
+        if self.ready is not None and phase != "serving":
+            self.ready, self.parked = None, True
+            self._note(f"the fleet is draining it ({phase}); parked")
+            return "left"
+        if self.ready is None and self.parked and phase == "serving":
+            ready = self._attached()
+            if ready is not None:
+                self.ready, self.parked = ready, False
+                self._note(f"joined: attached (replica pid {ready.pid}, metrics {ready.address('metrics')})")
+                return "joined"
+        return None
 
     @property
     def pid(self) -> int | None:
@@ -118,19 +191,26 @@ class AttachedReplica:
     def start(self) -> "AttachedReplica":
         self._since = time.time()
         self._killed = None
-        self.ready = None
+        self.ready, self.parked = None, False
         self.att.attach()
         self._note(f"handed to fleet {self.att.fdir.name!r}; waiting for its replica {self.name} to take it")
         return self
 
     def wait_ready(self, timeout: float, should_stop=lambda: False) -> Ready | None:
+        """Until the replica took the job; at once (None, parked) when the fleet does not run
+        it now (:meth:`follow` takes it when it joins)."""
         deadline = time.monotonic() + timeout
         while not should_stop():
+            if self._phase() != "serving":
+                self.parked = True
+                self._note("the fleet does not run it now; parked until it joins")
+                return None
             r = self._report()
             # (a replica the fleet restarted may have taken the job again before this start)
-            if r and r.get("state") == "attached" and _alive(r.get("pid")):
-                self.ready = Ready("rollout", self.name, int(r["pid"]), {"metrics": r["metrics"]})
-                self._note(f"attached (replica pid {r['pid']}, metrics {r['metrics']})")
+            ready = self._attached()
+            if ready is not None:
+                self.ready, self.parked = ready, False
+                self._note(f"attached (replica pid {ready.pid}, metrics {ready.address('metrics')})")
                 return self.ready
             if r and r.get("state") == "refused" and r.get("time", 0) >= self._since - 1.0:
                 raise ServiceFailed(f"{self.name} of fleet {self.att.fdir.name!r} refused the job: {r.get('detail')}")
@@ -150,7 +230,8 @@ class AttachedReplica:
             return None
         r = self._report()
         if r is None or r.get("state") != "attached" or not _alive(r.get("pid")) or int(r["pid"]) != self.ready.pid:
-            return 1
+            # a replica the fleet drains is leaving, not failing: follow() parks it
+            return None if self._phase() != "serving" else 1
         return None
 
     def url(self, endpoint: str = "metrics") -> str:

@@ -214,7 +214,9 @@ class ServiceMesh:
             except ServiceFailed as exc:
                 failed.append(exc)
                 return
-            if not should_stop() and not failed:
+            if getattr(p, "parked", False):  # a fleet's replica not running now: follow_fleet takes it when it joins
+                self._log(f"{p.name}: not running in the fleet now (parked)")
+            elif not should_stop() and not failed:
                 self.sup.started(p.name, time.monotonic())
                 self._log(f"{p.name} ready")
 
@@ -306,6 +308,22 @@ class ServiceMesh:
             self._log(f"meshrl run: {decision.reason}")
             self.restarting[p.name] = asyncio.create_task(self._restart(p, decision.delay_s))
 
+    def follow_fleet(self) -> None:
+        """A job on a fleet that scales: park the replicas the fleet drains, take back those
+        that joined (controller_svc/fleet_attach.py)."""
+        if self.attachment is None:
+            return
+        for p in self.procs:
+            if p.name in self.restarting or not hasattr(p, "follow"):
+                continue
+            change = p.follow()
+            if change == "joined":
+                self.sup.started(p.name, time.monotonic())
+                self._log(f"meshrl run: {p.name} joined (the fleet added it)")
+            elif change == "left":
+                self.sup.parked(p.name)
+                self._log(f"meshrl run: {p.name} left (the fleet drains it)")
+
     async def _restart(self, p: Any, delay: float) -> None:
         try:
             await asyncio.sleep(delay)
@@ -321,6 +339,10 @@ class ServiceMesh:
                     p.signal(signal.SIGKILL)
                     await asyncio.to_thread(_wait_exit, p)
                 self._log(f"meshrl run: {p.name} failed to come back: {str(exc).splitlines()[0]}")
+                return
+            if getattr(p, "parked", False):  # the fleet drained it meanwhile
+                self.sup.parked(p.name)
+                self._log(f"{p.name}: the fleet drained it meanwhile (parked)")
                 return
             self.sup.started(p.name, time.monotonic())
             self._log(f"{p.name} ready again")

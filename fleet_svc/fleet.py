@@ -9,6 +9,16 @@ services); a replica silent on ``/health`` past ``restart.heartbeat_timeout_s`` 
 restarted. A restarted replica serves the attached jobs again from their views in the
 fleet's directory, which outlive it; the jobs' controllers see it come back in its reports.
 
+With ``scaling.max_replicas`` above ``scaling.min_replicas`` the replica count follows the
+jobs' backlog (:mod:`fleet_svc.scaling`): every ``scaling.interval_s`` the fleet reads the
+jobs' load files, its policy decides, and the fleet starts a replica (the next free name; it
+serves every attached job, each from that job's current version, before it leases) or drains
+one (the newest: its phase becomes ``draining`` in the state file first, so the jobs'
+controllers take its exit for a departure, not a crash; then SIGTERM: it stops leasing and
+delivers or returns what it holds; killed after ``scaling.drain_timeout_s``). Each decision
+is a line of ``events.jsonl``, a log line and ``meshrl_fleet_scale_decisions_total{reason}``
+on the fleet's ``/metrics``.
+
 The fleet stops on SIGTERM/SIGINT or when its directory holds a ``stop`` request
 (``meshrl fleet stop``): every replica gets SIGTERM (it stops leasing, returns or delivers what
 it holds for each job, and exits), then the state file says ``stopped``.
@@ -24,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fleet_svc.scaling import BacklogPolicy, Decision, ScalingPolicy, SignalReader, job_load
 from services.config.fleet import FleetSpec
 from services.config.views import RolloutProcess, RolloutView, write_view
 from services.fleets import FleetDir
@@ -41,14 +52,24 @@ HEALTH_EVERY_S = 2.0
 class Fleet:
     """The replicas of fleet ``spec`` with their state in ``fdir`` (see module doc)."""
 
-    def __init__(self, spec: FleetSpec, fdir: FleetDir, *, log_line: Callable[[str], None] = print) -> None:
+    def __init__(self, spec: FleetSpec, fdir: FleetDir, *, log_line: Callable[[str], None] = print,
+                 policy: ScalingPolicy | None = None) -> None:
         self.spec, self.fdir = spec, fdir
         self._log = log_line
-        self.names = [f"rollout-{i}" for i in range(spec.replicas)]
+        self.names = spec.replica_names()  # every replica it may run (max_replicas)
+        self.bounds = spec.scaling.bounds(spec.replicas)
         self.sup = Supervisor(spec.restart, self.names)
         self.procs: dict[str, ServiceProcess] = {}
+        #: per replica: off | starting | serving | draining (in the state file: what jobs follow)
+        self.phase: dict[str, str] = {n: "off" for n in self.names}
         self.ports = PortReservations()
         self.restart_at: dict[str, float] = {}
+        self.policy = policy or BacklogPolicy.from_config(spec.scaling)
+        self.signals = SignalReader()
+        self.last_signals: dict[str, Any] = {}
+        self.metrics = FleetMetrics(spec.name)
+        self._changes: dict[str, threading.Thread] = {}  # replicas starting or draining
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._detail = ""  # why the fleet failed, for its state file
 
@@ -88,20 +109,28 @@ class Fleet:
 
         self.fdir.create(dump_model(self.spec))
         views = self.views()
+        for name in self.names:
+            self.procs[name] = self._process(name, views[name])
+        self.http = self.metrics.serve(self.spec.services.host, self.spec.services.metrics_port, self.status)
+        first = self.names[:self.spec.replicas]
+        for name in first:
+            self.phase[name] = "starting"
         self._state("starting")
-        self._log(f"meshrl fleet: fleet {self.spec.name!r} ({len(self.names)} replica(s), {self.spec.max_jobs} "
-                  f"adapter slot(s) each), directory {self.fdir.path}")
+        lo, hi = self.bounds
+        self._log(f"meshrl fleet: fleet {self.spec.name!r} ({len(first)} replica(s)"
+                  + (f", {lo}..{hi} on the backlog" if hi > lo else "") + f", {self.spec.max_jobs} "
+                  f"adapter slot(s) each), directory {self.fdir.path}, metrics {self.http.host}:{self.http.port}")
         code = 1
         try:
-            for name in self.names:
-                self.procs[name] = self._process(name, views[name])
-            for p in self.procs.values():
-                p.start()
-            for p in self.procs.values():
+            for name in first:
+                self.procs[name].start()
+            for name in first:
+                p = self.procs[name]
                 p.wait_ready(self.spec.rollout.engine_startup_timeout_s, self.stopping)
                 if self.stopping():
                     break
                 self.sup.started(p.name, time.monotonic())
+                self.phase[name] = "serving"
                 self._log(f"meshrl fleet: {p.name} ready ({p.url('metrics')})")
             if not self.stopping():
                 self._state("ready")
@@ -119,10 +148,12 @@ class Fleet:
         return code
 
     def _supervise(self) -> int:
-        last_health = 0.0
+        last_health = last_scale = 0.0
         while not self.stopping():
             now = time.monotonic()
             for name, p in self.procs.items():
+                if self.phase[name] != "serving":
+                    continue  # off, or starting / draining under their own thread
                 if name in self.restart_at:
                     if now >= self.restart_at[name]:
                         self._restart(p)
@@ -140,8 +171,115 @@ class Fleet:
                 last_health = now
                 self._probe(now)
                 self._state("ready")
+            if now - last_scale >= self.spec.scaling.interval_s:
+                last_scale = now
+                self.scale(now)
             self._stop.wait(POLL_S)
         return 0
+
+    # ------------------------------------------------------------------ scaling
+
+    def read_signals(self, now: float):
+        """The fleet's signals now: its replicas' phases and the jobs' load files."""
+        with self._lock:
+            serving = sum(ph == "serving" for ph in self.phase.values())
+            changing = sum(ph in ("starting", "draining") for ph in self.phase.values())
+        loads = {job: job_load(data) for job, data in self.fdir.loads().items()}
+        return self.signals.read(loads, now=now, wall=time.time(), serving=serving, changing=changing)
+
+    def scale(self, now: float) -> Decision:
+        """Read the signals, ask the policy, carry out its decision (see module doc)."""
+        self._follow_bounds()
+        s = self.read_signals(now)
+        self.last_signals = s.as_dict()
+        self.metrics.observe(s, self.desired())
+        d = self.policy.decide(s, *self.bounds)
+        if d.action == "hold":
+            return d
+        total = s.serving + s.changing
+        target = total + d.count if d.action == "add" else total - d.count
+        self._log(f"meshrl fleet: scaling {total} -> {target} replica(s) ({d.reason}: backlog "
+                  f"{s.backlog:g} group(s), {s.backlog_per_replica:.2f} per replica, {s.jobs} job(s), trainer "
+                  f"waiting {s.trainer_wait:.0%})")
+        self.metrics.decided(d.reason)
+        if d.action == "add":
+            chosen = [n for n in self.names if self.phase[n] == "off"][:d.count]
+            for name in chosen:
+                self._begin(name, "starting", self._join)
+        else:
+            chosen = [n for n in reversed(self.names) if self.phase[n] == "serving"][:d.count]
+            for name in chosen:
+                self._begin(name, "draining", self._drain)
+        self.fdir.add_event({"action": d.action, "reason": d.reason, "replicas": chosen, "from": total,
+                             "to": target, "signals": self.last_signals})
+        self.policy.changed(now)
+        self._state("ready")
+        return d
+
+    def _follow_bounds(self) -> None:
+        """The operator's bounds (``meshrl fleet scale``), within 1 .. the spec's largest."""
+        asked = self.fdir.requested_bounds()
+        spec_bounds = self.spec.scaling.bounds(self.spec.replicas)
+        want = spec_bounds if asked is None else asked
+        if want == self.bounds:
+            return
+        lo, hi = want
+        if not 1 <= lo <= hi <= len(self.names):
+            self._log(f"meshrl fleet: ignoring the bounds {lo}..{hi} asked for: they must satisfy "
+                      f"1 <= min <= max <= {len(self.names)} (scaling.max_replicas)")
+            self.fdir.bounds_file.unlink(missing_ok=True)
+            return
+        self._log(f"meshrl fleet: replica bounds {self.bounds[0]}..{self.bounds[1]} -> {lo}..{hi}")
+        self.bounds = want
+
+    def desired(self) -> int:
+        with self._lock:
+            return sum(ph in ("starting", "serving") for ph in self.phase.values())
+
+    def _begin(self, name: str, phase: str, work: Callable[[str], None]) -> None:
+        with self._lock:
+            self.phase[name] = phase
+        if phase == "draining":
+            self.sup.parked(name)  # its exit is no crash
+            self.restart_at.pop(name, None)
+            self._state("ready")  # the jobs read "draining" before the replica lets their groups go
+        t = threading.Thread(target=work, args=(name,), name=f"{phase}-{name}", daemon=True)
+        self._changes[name] = t
+        t.start()
+
+    def _join(self, name: str) -> None:
+        """Start replica ``name`` and wait until it is ready (it then takes every attached job,
+        each at the job's current version before leasing: rollout_svc/fleet_member.py)."""
+        p = self.procs[name]
+        p.kill_reason = ""
+        p.start()
+        try:
+            p.wait_ready(self.spec.rollout.engine_startup_timeout_s, self.stopping)
+        except ServiceFailed as exc:
+            self._log(f"meshrl fleet: {name} failed to start: {str(exc).splitlines()[0]}")
+            if p.returncode is None:
+                p.signal(signal.SIGKILL)
+            with self._lock:
+                self.phase[name] = "off"
+            return
+        if self.stopping():
+            return
+        self.sup.started(name, time.monotonic())
+        with self._lock:
+            self.phase[name] = "serving"
+        self._log(f"meshrl fleet: {name} joined ({p.url('metrics')})")
+        self._state("ready")
+
+    def _drain(self, name: str) -> None:
+        """Stop replica ``name``: SIGTERM (it stops leasing, delivers or returns what it holds
+        for each job, and exits), SIGKILL after ``scaling.drain_timeout_s``."""
+        p = self.procs[name]
+        code = p.stop(grace=self.spec.scaling.drain_timeout_s) if p.returncode is None else p.returncode
+        kill_adopted(exclude={q.proc.pid for q in self.procs.values() if q.proc and q.returncode is None})
+        with self._lock:
+            self.phase[name] = "off"
+        self._log(f"meshrl fleet: {name} drained (exit code {code})")
+        self._state("ready")
 
     def _restart(self, p: ServiceProcess) -> None:
         self.restart_at.pop(p.name, None)
@@ -160,14 +298,14 @@ class Fleet:
     def _probe(self, now: float) -> None:
         """Beat the replicas that answer ``/health``; kill those silent past the deadline."""
         for name, p in self.procs.items():
-            if name in self.restart_at or p.returncode is not None or p.ready is None:
+            if self.phase[name] != "serving" or name in self.restart_at or p.returncode is not None or p.ready is None:
                 continue
             status, _ = http_get(p.url("metrics") + "/health", 1.0)
             if status == 200:
                 self.sup.beat(name, now)
         for name, why in self.sup.stuck(now):
             p = self.procs[name]
-            if p.returncode is None and name not in self.restart_at:
+            if p.returncode is None and name not in self.restart_at and self.phase[name] == "serving":
                 self._log(f"meshrl fleet: {name} is stuck ({why}); killing it")
                 p.kill_reason = why
                 p.signal(signal.SIGKILL)
@@ -182,18 +320,74 @@ class Fleet:
             t.start()
         for t in threads:
             t.join()
+        for t in list(self._changes.values()):
+            t.join(timeout=5.0)
         kill_adopted()
         self.ports.close()
+        if getattr(self, "http", None) is not None:
+            self.http.stop()
+
+    def status(self) -> dict[str, Any]:
+        """The fleet process's ``/status``: its state file's content."""
+        return self.fdir.state() or {}
 
     def _state(self, state: str, **extra: Any) -> None:
-        replicas = {name: {"alive": p.returncode is None and p.proc is not None, "ready": p.ready is not None,
-                           "restarts": self.sup.restarts().get(name, 0),
-                           "metrics": p.url("metrics") if p.ready is not None else None,
+        with self._lock:
+            phase = dict(self.phase)
+        replicas = {name: {"phase": phase[name], "alive": p.returncode is None and p.proc is not None,
+                           "ready": p.ready is not None, "restarts": self.sup.restarts().get(name, 0),
+                           "metrics": p.url("metrics") if p.ready is not None and p.returncode is None else None,
                            "pid": p.proc.pid if p.proc is not None else None}
                     for name, p in self.procs.items()}
+        lo, hi = self.bounds
+        scaling = {"min": lo, "max": hi, "desired": sum(ph in ("starting", "serving") for ph in phase.values()),
+                   "policy": self.policy.name, "signals": self.last_signals}
+        metrics = f"{self.http.host}:{self.http.port}" if getattr(self, "http", None) is not None else None
         self.fdir.write_state(state, self.names, members=replicas, model=self.spec.model.path,
                               max_jobs=self.spec.max_jobs, max_lora_rank=self.spec.max_lora_rank,
-                              jobs=sorted(self.fdir.attached()), **extra)
+                              jobs=sorted(self.fdir.attached()), scaling=scaling, metrics=metrics, **extra)
+
+
+class FleetMetrics:
+    """The fleet process's ``/metrics``: replicas per phase, the signals, the decisions."""
+
+    def __init__(self, fleet: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = r = CollectorRegistry()
+        self.replicas = Gauge("meshrl_fleet_replicas", "replicas serving", registry=r)
+        self.desired = Gauge("meshrl_fleet_desired_replicas", "replicas serving or starting", registry=r)
+        self.changing = Gauge("meshrl_fleet_changing_replicas", "replicas starting or draining", registry=r)
+        self.jobs = Gauge("meshrl_fleet_jobs", "jobs attached", registry=r)
+        self.backlog = Gauge("meshrl_fleet_backlog_groups", "prompt groups queued and not leased, all jobs", registry=r)
+        self.per_replica = Gauge("meshrl_fleet_backlog_per_replica", "backlog per serving replica (what the "
+                                 "scaling policy and a Kubernetes HPA scale on)", registry=r)
+        self.wait = Gauge("meshrl_fleet_trainer_wait_ratio", "largest share of time a job's trainer waited for "
+                          "samples", registry=r)
+        self.stale = Gauge("meshrl_fleet_dropped_stale_per_second", "samples dropped as stale per second, all jobs",
+                           registry=r)
+        self.tokens = Gauge("meshrl_fleet_tokens_per_second", "generated tokens per second, all jobs", registry=r)
+        self.decisions = Counter("meshrl_fleet_scale_decisions", "replica count changes, by reason",
+                                 ["reason"], registry=r)
+
+    def serve(self, host: str, port: int, status: Callable[[], dict[str, Any]]):
+        from services.metrics import MetricsServer
+
+        return MetricsServer(self.registry, host=host, port=port, ready=lambda: True, status=status).start()
+
+    def observe(self, s: Any, desired: int) -> None:
+        self.replicas.set(s.serving)
+        self.desired.set(desired)
+        self.changing.set(s.changing)
+        self.jobs.set(s.jobs)
+        self.backlog.set(s.backlog)
+        self.per_replica.set(s.backlog_per_replica)
+        self.wait.set(s.trainer_wait)
+        self.stale.set(s.dropped_stale_per_s)
+        self.tokens.set(s.tokens_per_s)
+
+    def decided(self, reason: str) -> None:
+        self.decisions.labels(reason).inc()
 
 
 def run_fleet(spec: FleetSpec, fdir: FleetDir) -> int:

@@ -1,9 +1,11 @@
 """``meshrl fleet start FLEET.yaml [a.b=c ...]``, ``meshrl fleet status [NAME]``,
-``meshrl fleet stop NAME``: a local operator's fleet of warm rollout replicas (docs/fleet.md).
+``meshrl fleet stop NAME``, ``meshrl fleet scale NAME --min A --max B``: a local operator's
+fleet of warm rollout replicas (docs/fleet.md).
 
 ``start`` runs the fleet in the foreground (Ctrl-C or ``meshrl fleet stop`` stops it);
 ``status`` prints a fleet's state, its replicas and the jobs attached to it; ``stop`` asks
-a running fleet to stop and waits for it. Fleets live under ``--fleets-dir``
+a running fleet to stop and waits for it; ``scale`` sets a running fleet's replica bounds
+(its scaling policy then adds or drains replicas to stay within them). Fleets live under ``--fleets-dir``
 (``$MESHRL_FLEETS_DIR``, else ``~/.meshrl/fleets``): a job attaches to the fleet of that
 name there (``services.rollout.fleet: NAME``).
 """
@@ -16,7 +18,7 @@ import time
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", required=True, metavar="{start,status,stop}")
+    sub = p.add_subparsers(dest="action", required=True, metavar="{start,status,stop,scale}")
     start = sub.add_parser("start", help="run a fleet in the foreground until Ctrl-C or `meshrl fleet stop`")
     start.add_argument("spec", help="the fleet's YAML spec (name, model, rollout, replicas, max_jobs)")
     start.add_argument("overrides", nargs="*", help="a.b=c overrides of the spec's keys")
@@ -26,13 +28,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     stop = sub.add_parser("stop", help="stop a running fleet and wait until it stopped")
     stop.add_argument("name", help="the fleet's name")
     stop.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default 120)")
-    for q in (start, status, stop):
+    scale = sub.add_parser("scale", help="set a running fleet's replica bounds (within its spec's max_replicas)")
+    scale.add_argument("name", help="the fleet's name")
+    scale.add_argument("--min", type=int, default=None, help="fewest replicas (default: unchanged)")
+    scale.add_argument("--max", type=int, default=None, help="most replicas (default: unchanged)")
+    scale.add_argument("--replicas", type=int, default=None, help="exactly this many (min = max)")
+    for q in (start, status, stop, scale):
         q.add_argument("--fleets-dir", default=None, help="where fleets keep their directories "
                        "(default $MESHRL_FLEETS_DIR, else ~/.meshrl/fleets)")
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"start": _start, "status": _status, "stop": _stop}[args.action](args)
+    return {"start": _start, "status": _status, "stop": _stop, "scale": _scale}[args.action](args)
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -71,9 +78,17 @@ def _status(args: argparse.Namespace) -> int:
     for name, st in states.items():
         print(f"fleet {name}: {st['state']}  model={st.get('model')}  max_jobs={st.get('max_jobs')}  "
               f"max_lora_rank={st.get('max_lora_rank')}" + (f"  ({st['detail']})" if st.get("detail") else ""))
+        sc = st.get("scaling") or {}
+        if sc:
+            sig = sc.get("signals") or {}
+            print(f"  scaling: {sc.get('desired')} replica(s) of {sc.get('min')}..{sc.get('max')}  backlog="
+                  f"{sig.get('backlog', 0):g} ({sig.get('backlog_per_replica', 0):g}/replica)  "
+                  f"trainer_wait={sig.get('trainer_wait', 0):.0%}")
         for rep, m in (st.get("members") or {}).items():
-            print(f"  {rep}: {'alive' if m.get('alive') else 'down'} restarts={m.get('restarts', 0)} "
-                  f"metrics={m.get('metrics')}")
+            if m.get("phase") == "off" and not m.get("alive"):
+                continue
+            print(f"  {rep}: {m.get('phase') or ('alive' if m.get('alive') else 'down')} "
+                  f"restarts={m.get('restarts', 0)} metrics={m.get('metrics')}")
         for job, reports in st["attached"].items():
             line = ", ".join(f"{rep}={r.get('state')}" + (f"@v{r['served_version']}" if r.get("served_version") is
                                                           not None else "") for rep, r in reports.items())
@@ -98,4 +113,25 @@ def _stop(args: argparse.Namespace) -> int:
                                f"{fdir.state().get('pid')})")
         time.sleep(0.5)
     print(f"meshrl fleet: fleet {args.name!r} stopped")
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from services.config.fleet import FleetSpec
+    from services.config.loader import load_model
+    from services.fleets import FleetDir
+
+    fdir = FleetDir(args.name, args.fleets_dir)
+    if not fdir.running():
+        raise LookupError(f"fleet {args.name!r} is not running under {fdir.path.parent}")
+    spec = load_model(FleetSpec, fdir.spec_file, what="fleet spec")
+    sc = (fdir.state() or {}).get("scaling") or {}
+    lo = args.replicas if args.replicas is not None else args.min if args.min is not None else sc.get("min", 1)
+    hi = args.replicas if args.replicas is not None else args.max if args.max is not None else sc.get("max", lo)
+    most = len(spec.replica_names())
+    if not 1 <= lo <= hi <= most:
+        raise ValueError(f"meshrl fleet scale: need 1 <= min ({lo}) <= max ({hi}) <= {most} (the fleet's "
+                         f"scaling.max_replicas)")
+    fdir.request_bounds(lo, hi)
+    print(f"meshrl fleet: fleet {args.name!r} now runs {lo}..{hi} replica(s)")
     return 0

@@ -176,16 +176,40 @@ class FleetReplica:
             await self.engine.release_adapter(job)
             return f"cannot serve the job's metrics on {jv.resources.host}:{jv.resources.metrics_port}: {exc}"
         m = Member(job, replica, adapter, http, queues)
-        m.tasks.append(asyncio.create_task(replica.run(m.stop), name=f"{job}-stream"))
         if jv.weights is not None:
             from rollout_svc.subscriber import run_weight_subscriber
 
             m.tasks.append(asyncio.create_task(run_weight_subscriber(replica, jv.weights, self.name, m.stop),
                                                name=f"{job}-weights"))
+            await self._catch_up(m, jv)
+        m.tasks.append(asyncio.create_task(replica.run(m.stop), name=f"{job}-stream"))
         self.members[job] = m
         self._report_attached(m)
         log.info("fleet replica %s: serving job %s (metrics %s:%s)", self.name, job, http.host, http.port)
         return None
+
+    async def _catch_up(self, m: Member, jv: RolloutView) -> None:
+        """A job already past its first version (a replica joining a running job, or one the
+        fleet restarted): load the job's current version before leasing, so its first
+        samples are not stale. The version is the one the job's controller last wrote in
+        ``load.json``; past ``weight_update_timeout_s`` it leases anyway (the trainer's
+        staleness bound screens what it makes)."""
+        from fleet_svc.scaling import job_load
+        from services.handoff import read_json
+
+        load = job_load(read_json(self.fdir.load_file(m.job_id)))
+        target = load.version if load is not None else 0
+        if target <= m.adapter.version:
+            return
+        deadline = time.monotonic() + jv.rollout.weight_update_timeout_s
+        while m.adapter.version < target and time.monotonic() < deadline and not all(t.done() for t in m.tasks):
+            await asyncio.sleep(0.05)
+        if m.adapter.version < target:
+            log.warning("fleet replica %s: job %s is at version %d, this replica serves %d; leasing anyway",
+                        self.name, m.job_id, target, m.adapter.version)
+        else:
+            log.info("fleet replica %s: job %s: caught up to version %d before leasing", self.name, m.job_id,
+                     m.adapter.version)
 
     def _report_attached(self, m: Member) -> None:
         m.reported_version = m.adapter.version

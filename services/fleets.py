@@ -12,9 +12,15 @@ belongs to the user running the fleet (0700):
                                    0600: it may carry the job's queue password)
     jobs/<job_id>/job.credential   the job's credential (0600): what its broker and publisher ask
                                    for; the directory removed = the job leaves
+    jobs/<job_id>/load.json        the job's load, written by its controller at each observation
+                                   (prompts queued and leased, trainer's wait, stale drops,
+                                   tokens/s, current version): the fleet's scaling signals
     members/<replica>/<job_id>.json  one replica's state for one job (the replica):
                                    {"state": attached|refused|detached, "detail", "metrics",
                                     "served_version", "pid", "time"}
+    events.jsonl                   the fleet's scaling decisions, one JSON object per line
+    bounds.json                    {"min", "max"}: the operator's replica bounds for a running fleet
+                                   (``meshrl fleet scale``), within the spec's
     logs/<replica>.log             the replica's output
 
 JSON files are replaced whole (write, then rename): a reader sees the old or the new
@@ -24,6 +30,7 @@ half a view. ``FLEETS_DIR`` is ``$MESHRL_FLEETS_DIR``, else ``~/.meshrl/fleets``
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -79,6 +86,13 @@ class FleetDir:
     def job_credential(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "job.credential"
 
+    def load_file(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "load.json"
+
+    @property
+    def events_file(self) -> Path:
+        return self.path / "events.jsonl"
+
     def member_file(self, replica: str, job_id: str) -> Path:
         return self.path / "members" / replica / f"{job_id}.json"
 
@@ -94,6 +108,7 @@ class FleetDir:
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o700)
         self.stop_file.unlink(missing_ok=True)
+        self.bounds_file.unlink(missing_ok=True)  # a new run starts from its spec's bounds
         for f in (self.path / "members").glob("*/*.json"):
             f.unlink(missing_ok=True)
         write_private_whole(self.spec_file, spec_text)
@@ -151,6 +166,56 @@ class FleetDir:
         if not self.jobs_dir.is_dir():
             return []
         return sorted(p.name for p in self.jobs_dir.iterdir() if p.is_dir() and JOB_ID.fullmatch(p.name))
+
+    def write_load(self, job_id: str, load: dict[str, Any]) -> bool:
+        """The job's controller: its load now (``jobs/<job_id>/load.json``); False (nothing
+        written) once the job is no longer attached (its directory is never made again here)."""
+        if not self.job_dir(job_id).is_dir():
+            return False
+        try:
+            write_private_whole(self.load_file(job_id), json.dumps({**load, "time": time.time()}))
+        except FileNotFoundError:  # detached meanwhile
+            return False
+        return True
+
+    def loads(self) -> dict[str, dict[str, Any] | None]:
+        """Every attached job's last load (None: not written yet, or unreadable)."""
+        return {job: read_json(self.load_file(job)) for job in self.attached()}
+
+    @property
+    def bounds_file(self) -> Path:
+        return self.path / "bounds.json"
+
+    def request_bounds(self, lo: int, hi: int) -> None:
+        """The operator: run between ``lo`` and ``hi`` replicas from now on."""
+        write_private_whole(self.bounds_file, json.dumps({"min": int(lo), "max": int(hi), "time": time.time()}))
+
+    def requested_bounds(self) -> tuple[int, int] | None:
+        data = read_json(self.bounds_file)
+        try:
+            return (int(data["min"]), int(data["max"])) if data else None
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Append one scaling event (``events.jsonl``, 0600)."""
+        fd = os.open(self.events_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(json.dumps({"time": time.time(), **event}) + "\n")
+
+    def events(self, limit: int = 200) -> list[dict[str, Any]]:
+        """The fleet's last ``limit`` scaling events, oldest first."""
+        try:
+            lines = self.events_file.read_text().splitlines()[-limit:]
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
 
     # -- the replicas' reports
     def report(self, replica: str, job_id: str, state: str, **extra: Any) -> None:

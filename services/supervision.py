@@ -109,6 +109,12 @@ class Supervisor:
         rec = self._rec(name)
         rec.running, rec.last_beat = True, now
 
+    def parked(self, name: str) -> None:
+        """``name`` left on purpose (a fleet drained it): no heartbeat is expected from it and
+        its end is no crash; :meth:`started` again when it comes back."""
+        rec = self._rec(name)
+        rec.running, rec.lag_since, rec.lag = False, None, ""
+
     def beat(self, name: str, now: float) -> None:
         """``name`` answered its health probe."""
         rec = self._rec(name)

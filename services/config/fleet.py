@@ -14,8 +14,11 @@ adapter, its sampling settings, its queues and its weight channel.
     rollout:                         # the engine: lengths are the longest a job may use
       prompt_length: 192
       response_length: 96
-    replicas: 1
+    replicas: 1                      # replicas at start
     max_jobs: 4                      # adapter slots per replica: jobs served at once
+    scaling:                         # optional: replicas follow the jobs' backlog (docs/fleet.md)
+      min_replicas: 1
+      max_replicas: 3
 
 Imports only pydantic and the config package.
 """
@@ -43,6 +46,41 @@ class FleetResources(StrictModel):
     host: str = Field("127.0.0.1", min_length=1, description="address every replica binds its servers to")
     device: Device = Field("cpu", description="device vLLM runs on")
     cpus: CpuList = Field(None, description=CPUS_HELP + "; shared by the fleet's replicas")
+    metrics_port: int = Field(0, ge=0, le=65535, description="the fleet process's /metrics (replicas, backlog, "
+                              "scaling decisions); 0 picks a free one (in fleet.json)")
+
+
+class FleetScaling(StrictModel):
+    """How many replicas a fleet runs as its jobs' backlog changes (``scaling``; docs/fleet.md,
+    "Scaling"). Without ``max_replicas`` above ``min_replicas`` the fleet keeps ``replicas``."""
+
+    min_replicas: int | None = Field(None, ge=1, le=1024, description="fewest replicas (default: replicas)")
+    max_replicas: int | None = Field(None, ge=1, le=1024, description="most replicas (default: replicas)")
+    interval_s: float = Field(2.0, gt=0, le=3600, description="seconds between two readings of the jobs' signals")
+    up_backlog: float = Field(
+        4.0, ge=0, description="prompt groups waiting per serving replica (queued, not yet leased, summed over "
+        "the jobs) at or above which a replica is added, once it held for up_after_s")
+    down_backlog: float = Field(
+        0.5, ge=0, description="at or below this backlog per replica, with no trainer waiting for samples, a "
+        "replica is drained, once it held for down_after_s")
+    up_after_s: float = Field(6.0, ge=0, le=86_400, description="the backlog stays high this long before a replica is added")
+    down_after_s: float = Field(20.0, ge=0, le=86_400, description="the backlog stays low this long before a replica is drained")
+    cooldown_s: float = Field(20.0, ge=0, le=86_400, description="at most one change of the replica count per this "
+                              "many seconds (no flapping)")
+    drain_timeout_s: float = Field(60.0, gt=0, le=3600, description="a draining replica that has not exited after "
+                                   "this long is killed (what it leased returns to its job's queue)")
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> "FleetScaling":
+        if self.down_backlog >= self.up_backlog:
+            raise ValueError(f"scaling.down_backlog ({self.down_backlog:g}) must be below scaling.up_backlog "
+                             f"({self.up_backlog:g}): the gap between them keeps the fleet from flapping")
+        return self
+
+    def bounds(self, replicas: int) -> tuple[int, int]:
+        lo = self.min_replicas if self.min_replicas is not None else replicas
+        hi = self.max_replicas if self.max_replicas is not None else max(replicas, lo)
+        return lo, hi
 
 
 class FleetSpec(StrictModel):
@@ -53,10 +91,12 @@ class FleetSpec(StrictModel):
     model: ModelConfig = Field(description="the base model; model.lora_rank is the largest adapter rank a job may bring")
     rollout: RolloutConfig = Field(description="the vLLM engine of every replica; prompt_length and response_length "
                                    "are the longest a job may use")
-    replicas: int = Field(1, ge=1, le=1024, description="rollout replica processes, each one vLLM engine")
+    replicas: int = Field(1, ge=1, le=1024, description="rollout replica processes at start, each one vLLM engine")
     max_jobs: int = Field(4, ge=1, le=256, description="adapter slots per replica: how many jobs it serves at once")
     services: FleetResources = Field(default_factory=FleetResources, description="host, device and CPUs")
     restart: RestartConfig = Field(default_factory=RestartConfig, description="restart policy of the replicas")
+    scaling: FleetScaling = Field(default_factory=FleetScaling, description="replicas added and drained on the "
+                                  "jobs' backlog, between min_replicas and max_replicas")
 
     @field_validator("name")
     @classmethod
@@ -78,10 +118,25 @@ class FleetSpec(StrictModel):
         if self.rollout.multi_turn.enable:
             raise ValueError("rollout.multi_turn: a fleet serves single-turn generation only (tools run in a job's "
                              "own replicas)")
+        lo, hi = self.scaling.bounds(self.replicas)
+        if not lo <= self.replicas <= hi:
+            raise ValueError(f"replicas ({self.replicas}) must lie within scaling.min_replicas ({lo}) and "
+                             f"scaling.max_replicas ({hi})")
         return self
 
     def resolve_paths(self, base: Path) -> None:
         self.model.resolve_paths(base)
+
+    @property
+    def elastic(self) -> bool:
+        """The replica count follows the backlog (max_replicas above min_replicas)."""
+        lo, hi = self.scaling.bounds(self.replicas)
+        return hi > lo
+
+    def replica_names(self) -> list[str]:
+        """Every replica the fleet may run, ``rollout-0`` .. ``rollout-<max_replicas - 1>``: a job
+        hands the fleet its view for each, so a replica that joins later finds the job there."""
+        return [f"rollout-{i}" for i in range(self.scaling.bounds(self.replicas)[1])]
 
     @property
     def max_lora_rank(self) -> int:

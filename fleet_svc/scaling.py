@@ -1,0 +1,194 @@
+"""How many replicas a fleet runs: its scaling policy (docs/fleet.md, "Scaling").
+
+Every ``scaling.interval_s`` the fleet reads its signals into a :class:`FleetSignals` and asks
+its :class:`ScalingPolicy` for a :class:`Decision`: add a replica, drain one, or hold, with
+the reason (also the label of ``meshrl_fleet_scale_decisions_total``). The policy only
+decides; the fleet (:mod:`fleet_svc.fleet`) starts and drains replicas.
+
+The signals come from the jobs attached to the fleet: each job's controller writes
+``jobs/<job>/load.json`` (:func:`job_load`) when it observes the job (its ``prompts`` queue
+depth, the groups its replicas hold, the trainer's time waiting for samples, samples
+dropped as stale, tokens/s); the fleet sums them over the jobs whose file is fresh.
+
+:class:`BacklogPolicy` (the default) adds a replica when the prompt groups waiting per
+serving replica stayed at or above ``up_backlog`` for ``up_after_s``, drains one when they
+stayed at or below ``down_backlog`` (and no trainer waited for samples most of the time)
+for ``down_after_s``, and goes back to ``min_replicas`` at once when no job has been attached
+for ``down_after_s``. Hysteresis is the gap between the two thresholds and the time each
+must hold; the cool-down allows at most one change per ``cooldown_s``; while a replica
+starts or drains it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: a job's ``load.json`` older than this many seconds is not counted (its controller is gone)
+LOAD_FRESH_S = 30.0
+
+#: every reason a decision may give (the label values of ``meshrl_fleet_scale_decisions_total``)
+REASONS = ("backlog_high", "backlog_low", "idle", "below_min", "above_max")
+
+
+@dataclass
+class FleetSignals:
+    """What the fleet knows of its load at one reading."""
+
+    now: float
+    serving: int  # replicas serving (ready, not draining)
+    changing: int = 0  # replicas starting or draining
+    jobs: int = 0  # jobs attached
+    backlog: float = 0.0  # prompt groups queued and not leased, summed over the jobs
+    trainer_wait: float = 0.0  # largest share of the last interval a job's trainer waited for samples (0..1)
+    dropped_stale_per_s: float = 0.0  # samples dropped as stale per second, summed over the jobs
+    tokens_per_s: float = 0.0  # generated tokens per second, summed over the jobs
+
+    @property
+    def backlog_per_replica(self) -> float:
+        return self.backlog / max(1, self.serving)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "backlog_per_replica": round(self.backlog_per_replica, 3)}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``action``: ``add`` | ``remove`` | ``hold``; ``reason``: one of :data:`REASONS` (or why
+    it holds, for the log); ``count``: replicas to add or drain."""
+
+    action: str
+    reason: str
+    count: int = 0
+
+
+HOLD = Decision("hold", "")
+
+
+class ScalingPolicy:
+    """The interface: :meth:`decide` is called every reading with the fleet's signals and the
+    bounds; :meth:`changed` once a decision was carried out."""
+
+    name = "base"
+
+    def decide(self, s: FleetSignals, lo: int, hi: int) -> Decision:
+        return HOLD
+
+    def changed(self, now: float) -> None:
+        """A replica was added or drained at ``now`` (starts the cool-down)."""
+
+
+@dataclass
+class BacklogPolicy(ScalingPolicy):
+    """Scale on the backlog per replica, with hysteresis and a cool-down (see module doc)."""
+
+    up_backlog: float = 4.0
+    down_backlog: float = 0.5
+    up_after_s: float = 6.0
+    down_after_s: float = 20.0
+    cooldown_s: float = 20.0
+    starved: float = 0.5  # a trainer waiting this share of the time blocks a drain
+    name: str = "backlog"
+    last_change: float | None = None
+    _high_since: float | None = field(default=None, repr=False)
+    _low_since: float | None = field(default=None, repr=False)
+    _idle_since: float | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "BacklogPolicy":
+        return cls(up_backlog=cfg.up_backlog, down_backlog=cfg.down_backlog, up_after_s=cfg.up_after_s,
+                   down_after_s=cfg.down_after_s, cooldown_s=cfg.cooldown_s)
+
+    def changed(self, now: float) -> None:
+        self.last_change = now
+        self._high_since = self._low_since = None
+
+    def decide(self, s: FleetSignals, lo: int, hi: int) -> Decision:
+        now = s.now
+        per = s.backlog_per_replica
+        self._high_since = _since(self._high_since, per >= self.up_backlog and s.jobs > 0, now)
+        self._low_since = _since(self._low_since, per <= self.down_backlog and s.trainer_wait < self.starved, now)
+        self._idle_since = _since(self._idle_since, s.jobs == 0, now)
+        total = s.serving + s.changing
+        if s.changing:
+            return Decision("hold", "a replica is starting or draining")
+        if total < lo:
+            return Decision("add", "below_min", lo - total)
+        if total > hi:
+            return Decision("remove", "above_max", total - hi)
+        if self.last_change is not None and now - self.last_change < self.cooldown_s:
+            return Decision("hold", "cooling down")
+        if self._idle_since is not None and now - self._idle_since >= self.down_after_s:
+            return Decision("remove", "idle", total - lo) if total > lo else HOLD
+        if self._high_since is not None and now - self._high_since >= self.up_after_s and total < hi:
+            return Decision("add", "backlog_high", 1)
+        if self._low_since is not None and now - self._low_since >= self.down_after_s and total > lo:
+            return Decision("remove", "backlog_low", 1)
+        return HOLD
+
+
+def _since(since: float | None, holds: bool, now: float) -> float | None:
+    """When a condition started holding (kept while it holds), None once it does not."""
+    if not holds:
+        return None
+    return now if since is None else since
+
+
+@dataclass
+class JobLoad:
+    """One job's reading, from its ``load.json`` (see :func:`job_load`)."""
+
+    time: float
+    prompts: float = 0.0  # prompts queue depth: queued plus leased
+    leased: float = 0.0  # groups the replicas hold for the job
+    trainer_wait_s: float = 0.0  # the trainer's total seconds waiting for samples
+    dropped_stale: float = 0.0  # samples dropped as stale, in total
+    tokens_per_s: float = 0.0
+    version: int = 0  # the trainer's current version (a joining replica loads it before it leases)
+
+    @property
+    def backlog(self) -> float:
+        return max(0.0, self.prompts - self.leased)
+
+
+def job_load(data: dict[str, Any] | None) -> JobLoad | None:
+    """A job's ``load.json`` content as a :class:`JobLoad`; None when unreadable."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return JobLoad(**{k: (int(v) if k == "version" else float(v)) for k, v in data.items()
+                          if k in JobLoad.__dataclass_fields__})
+    except (TypeError, ValueError):
+        return None
+
+
+class SignalReader:
+    """Turns the jobs' load files into :class:`FleetSignals`: sums, and rates between a job's
+    two last readings (kept while its file has not changed)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, JobLoad] = {}
+        self._rates: dict[str, tuple[float, float]] = {}  # job -> (trainer wait share, stale drops/s)
+
+    def read(self, loads: dict[str, JobLoad | None], *, now: float, wall: float, serving: int,
+             changing: int) -> FleetSignals:
+        s = FleetSignals(now=now, serving=serving, changing=changing, jobs=len(loads))
+        for job in set(self._last) - set(loads):
+            self._last.pop(job, None)
+            self._rates.pop(job, None)
+        for job, load in loads.items():
+            if load is None or wall - load.time > LOAD_FRESH_S:
+                continue
+            s.backlog += load.backlog
+            s.tokens_per_s += load.tokens_per_s
+            prev = self._last.get(job)
+            if prev is not None and load.time > prev.time:
+                dt = load.time - prev.time
+                self._rates[job] = (min(1.0, max(0.0, load.trainer_wait_s - prev.trainer_wait_s) / dt),
+                                    max(0.0, load.dropped_stale - prev.dropped_stale) / dt)
+            if prev is None or load.time > prev.time:
+                self._last[job] = load
+            wait, stale = self._rates.get(job, (0.0, 0.0))
+            s.trainer_wait = max(s.trainer_wait, wait)
+            s.dropped_stale_per_s += stale
+        return s
