@@ -20,6 +20,16 @@ lost or trained twice over all runs. Step-0 validation is off (it would time the
 set, not the start). The last line:
 
     fleet first_sample_s=<warm s> first_step_ratio=<warm / cold> jobs=<K> tokens_per_s_ratio=<K jobs / one alone> lost=<n>
+
+``--elastic`` measures the fleet's scaling instead (docs/fleet.md, "Scaling"): a fleet of
+``scaling.min_replicas`` = 1 .. ``--max-replicas`` replicas; one job runs alone until its
+first step, then a second job arrives; both run to the end, then nothing. It times the
+second job's arrival to the fleet's decision to add a replica (``up_latency_s``) and to that
+replica serving (``up_serving_s``), and the last job's exit to the fleet back at its minimum
+(``down_latency_s``); ``flaps`` counts changes less than ``scaling.cooldown_s`` after the one
+before; the ledgers must be exact. The last line:
+
+    fleet_scale scale_ups=<n> scale_downs=<n> flaps=<n> lost=<n> trained_twice=<n> up_latency_s=<s> down_latency_s=<s>
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="RL steps per job (default: quickstart 20, real 4)")
     p.add_argument("--workdir", default=None, help="models, data, runs and the fleet (default: a temp dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an extra override of every job")
+    p.add_argument("--elastic", action="store_true", help="measure the fleet's scaling (see the module doc)")
+    p.add_argument("--max-replicas", type=int, default=2, help="--elastic: the fleet's scaling.max_replicas")
+    p.add_argument("--scaling", action="append", default=[], metavar="KEY=VALUE",
+                   help="--elastic: a scaling key of the fleet (e.g. up_backlog=48)")
     return p.parse_args(argv)
 
 
@@ -61,6 +76,7 @@ class Run:
     tokens: list[tuple[float, float]] = field(default_factory=list)  # (unix time, meshrl_rollout_tokens_total)
     ledger: dict = field(default_factory=dict)
     returncode: int | None = None
+    ended: float | None = None
 
     def first_sample_s(self) -> float:
         return self.first_sample - self.launched if self.first_sample else float("nan")
@@ -104,6 +120,7 @@ def watch(run: Run, proc: subprocess.Popen) -> None:
             run.first_step = json.loads(steps.read_text().splitlines()[0])["time"]
         time.sleep(0.1)
     run.returncode = proc.returncode
+    run.ended = time.time()
 
 
 def _metrics_url(run_dir: Path) -> str | None:
@@ -117,25 +134,31 @@ def _metrics_url(run_dir: Path) -> str | None:
     return f"http://{res['host']}:{res['metrics_port']}/metrics"
 
 
-def start_runs(runs: list[tuple[Run, list[str]]], env: dict) -> None:
-    """Launch every run at once, watch each, wait for all; exit naming a failed one."""
-    threads, logs = [], []
-    for run, cmd in runs:
-        log = open(run.run_dir.parent / f"{run.name}.log", "w")
-        logs.append(log)
-        run.launched = time.time()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        threads.append(threading.Thread(target=watch, args=(run, proc)))
-        threads[-1].start()
-    for t in threads:
+def launch(run: Run, cmd: list[str], env: dict) -> tuple[threading.Thread, object]:
+    """Start one run and the thread watching it; (thread, its log file)."""
+    log = open(run.run_dir.parent / f"{run.name}.log", "w")
+    run.launched = time.time()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    thread = threading.Thread(target=watch, args=(run, proc))
+    thread.start()
+    return thread, log
+
+
+def finish_runs(runs: list[Run], started: list[tuple[threading.Thread, object]]) -> None:
+    """Wait for every run; exit naming a failed one; read each one's ledger."""
+    for t, log in started:
         t.join()
-    for log in logs:
         log.close()
-    for run, _ in runs:
+    for run in runs:
         if run.returncode != 0:
             log = run.run_dir.parent / f"{run.name}.log"
             raise SystemExit(f"{run.name}: meshrl run exited {run.returncode}; see {log}:\n{log.read_text()[-3000:]}")
         run.ledger = json.loads((run.run_dir / "summary.json").read_text())["ledger"]
+
+
+def start_runs(runs: list[tuple[Run, list[str]]], env: dict) -> None:
+    """Launch every run at once, watch each, wait for all; exit naming a failed one."""
+    finish_runs([r for r, _ in runs], [launch(run, cmd, env) for run, cmd in runs])
 
 
 def job_command(spec: Path, base: list[str], run_dir: Path, seed: int, fleet: bool) -> list[str]:
@@ -167,29 +190,15 @@ def main(argv=None) -> int:
         base = ["data.val_files=[]", "trainer.save_freq=-1"]
     base += [f"trainer.total_steps={steps}", "trainer.val_before_train=false", "trainer.test_freq=-1", *args.set]
 
+    if args.elastic:
+        return elastic(args, spec, base, env, work, fleet_spec(work, model, rank, lengths, args))
+
     print(f"== cold: the job starts its own replica (load {load()})", flush=True)
     cold = Run("cold", work / "cold")
     start_runs([(cold, job_command(spec, base, cold.run_dir, 0, fleet=False))], env)
     print(cold.line(), flush=True)
 
-    fleet_spec = work / "fleet.yaml"
-    fleet_spec.write_text(json.dumps({
-        "name": FLEET, "model": {"path": str(model), "lora_rank": rank},
-        "rollout": {"prompt_length": lengths[0], "response_length": lengths[1], "kv_cache_space_gib": 2,
-                    "max_num_seqs": 256},
-        "replicas": 1, "max_jobs": max(4, args.jobs)}))
-    fleet_log = open(work / "fleet.log", "w")
-    fleet = subprocess.Popen([sys.executable, "-m", "meshrl_cli", "fleet", "start", str(fleet_spec)], cwd=ROOT,
-                             env=env, stdout=fleet_log, stderr=subprocess.STDOUT)
-    try:
-        from services.fleets import FleetDir
-
-        fdir = FleetDir(FLEET, work / "fleets")
-        deadline = time.monotonic() + 600
-        while (fdir.state() or {}).get("state") != "ready":
-            if fleet.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the fleet did not start; see {work / 'fleet.log'}")
-            time.sleep(0.5)
+    with running_fleet(fleet_spec(work, model, rank, lengths, args), work, env):
         print(f"== warm: the same job on the fleet's replica, alone (load {load()})", flush=True)
         warm = Run("warm", work / "warm")
         start_runs([(warm, job_command(spec, base, warm.run_dir, 0, fleet=True))], env)
@@ -199,11 +208,6 @@ def main(argv=None) -> int:
         start_runs([(r, job_command(spec, base, r.run_dir, i, fleet=True)) for i, r in enumerate(many)], env)
         for r in many:
             print(r.line(), flush=True)
-    finally:
-        subprocess.run([sys.executable, "-m", "meshrl_cli", "fleet", "stop", FLEET], cwd=ROOT, env=env,
-                       capture_output=True, timeout=180)
-        fleet.wait(60)
-        fleet_log.close()
 
     span_start = min(r.first_sample for r in many if r.first_sample)
     span_end = max(r.tokens[-1][0] for r in many if r.tokens)
@@ -211,6 +215,106 @@ def main(argv=None) -> int:
     lost = sum(r.ledger["audit"]["lost"] + r.ledger["audit"]["trained_twice"] for r in (cold, warm, *many))
     print(f"fleet first_sample_s={warm.first_sample_s():.1f} first_step_ratio={warm.first_step_s() / cold.first_step_s():.3f} "
           f"jobs={args.jobs} tokens_per_s_ratio={many_rate / warm.tokens_per_s():.3f} lost={lost}", flush=True)
+    return 0
+
+
+def fleet_spec(work: Path, model: Path, rank: int, lengths: tuple[int, int], args: argparse.Namespace) -> Path:
+    """The benchmark's fleet: one replica (``--elastic``: 1 .. ``--max-replicas``)."""
+    spec = {"name": FLEET, "model": {"path": str(model), "lora_rank": rank},
+            "rollout": {"prompt_length": lengths[0], "response_length": lengths[1], "kv_cache_space_gib": 2,
+                        "max_num_seqs": 256},
+            "replicas": 1, "max_jobs": max(4, args.jobs)}
+    if args.elastic:
+        spec["scaling"] = {"min_replicas": 1, "max_replicas": args.max_replicas, "interval_s": 2.0,
+                           "up_after_s": 4.0, "down_after_s": 10.0, "cooldown_s": 15.0,
+                           **{k: float(v) for k, v in (kv.split("=", 1) for kv in args.scaling)}}
+    path = work / "fleet.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@contextmanager
+def running_fleet(spec: Path, work: Path, env: dict):
+    """``meshrl fleet start`` (not timed) until ready; ``meshrl fleet stop`` on the way out."""
+    from services.fleets import FleetDir
+
+    fleet_log = open(work / "fleet.log", "w")
+    fleet = subprocess.Popen([sys.executable, "-m", "meshrl_cli", "fleet", "start", str(spec)], cwd=ROOT,
+                             env=env, stdout=fleet_log, stderr=subprocess.STDOUT)
+    try:
+        fdir = FleetDir(FLEET, work / "fleets")
+        deadline = time.monotonic() + 600
+        while (fdir.state() or {}).get("state") != "ready":
+            if fleet.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the fleet did not start; see {work / 'fleet.log'}")
+            time.sleep(0.5)
+        yield fdir
+    finally:
+        subprocess.run([sys.executable, "-m", "meshrl_cli", "fleet", "stop", FLEET], cwd=ROOT, env=env,
+                       capture_output=True, timeout=180)
+        fleet.wait(60)
+        fleet_log.close()
+
+
+def elastic(args: argparse.Namespace, spec: Path, base: list[str], env: dict, work: Path, fleet: Path) -> int:
+    """``--elastic`` (see the module doc)."""
+    scaling = json.loads(fleet.read_text())["scaling"]
+
+    def serving(fdir) -> int:
+        return sum(m.get("phase") == "serving" for m in (fdir.state() or {}).get("members", {}).values())
+
+    timeline: list[tuple[float, int, float]] = []  # (unix time, serving, backlog per replica)
+
+    def sample(fdir) -> None:
+        sig = ((fdir.state() or {}).get("scaling") or {}).get("signals") or {}
+        timeline.append((time.time(), serving(fdir), sig.get("backlog_per_replica", float("nan"))))
+
+    with running_fleet(fleet, work, env) as fdir:
+        first, second = Run("job-a", work / "job-a"), Run("job-b", work / "job-b")
+        print(f"== elastic: {first.name} alone until its first step (load {load()})", flush=True)
+        started = [launch(first, job_command(spec, base, first.run_dir, 0, fleet=True), env)]
+        while first.first_step is None and first.returncode is None:
+            sample(fdir)
+            time.sleep(0.5)
+        print(f"== elastic: {second.name} arrives (load {load()})", flush=True)
+        started.append(launch(second, job_command(spec, base, second.run_dir, 1, fleet=True), env))
+        up_serving = None
+        while first.returncode is None or second.returncode is None:
+            sample(fdir)
+            if up_serving is None and serving(fdir) > 1:
+                up_serving = time.time() - second.launched
+            time.sleep(0.5)
+        finish_runs([first, second], started)
+        left = max(first.ended, second.ended)
+        deadline = time.monotonic() + 300
+        while serving(fdir) > 1 or any(m.get("phase") in ("starting", "draining")
+                                       for m in fdir.state().get("members", {}).values()):
+            sample(fdir)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        back = time.time()
+        events = fdir.events()
+    for r in (first, second):
+        print(r.line(), flush=True)
+    ups = [e for e in events if e["action"] == "add"]
+    downs = [e for e in events if e["action"] == "remove"]
+    flaps = sum(b["time"] - a["time"] < scaling["cooldown_s"] for a, b in zip(events, events[1:]))
+    after = [e for e in ups if e["time"] >= second.launched]
+    up_latency = after[0]["time"] - second.launched if after else float("nan")
+    early = [e for e in ups if e["time"] < second.launched]
+    for e in events:
+        sig = e.get("signals", {})
+        print(f"  event +{e['time'] - first.launched:6.1f}s {e['action']:6s} {e['reason']:12s} {e['from']}->{e['to']} "
+              f"backlog_per_replica={sig.get('backlog_per_replica')} jobs={sig.get('jobs')}", flush=True)
+    print("  timeline (s since job-a, serving, backlog/replica): " + " ".join(
+        f"{t - first.launched:.0f}:{n}:{b:.1f}" for t, n, b in timeline[::10]), flush=True)
+    lost = sum(r.ledger["audit"]["lost"] for r in (first, second))
+    twice = sum(r.ledger["audit"]["trained_twice"] for r in (first, second))
+    print(f"  up_serving_s={up_serving if up_serving is None else round(up_serving, 1)} "
+          f"scale_ups_before_job_b={len(early)} load={load()}", flush=True)
+    print(f"fleet_scale scale_ups={len(ups)} scale_downs={len(downs)} flaps={flaps} lost={lost} trained_twice={twice} "
+          f"up_latency_s={up_latency:.1f} down_latency_s={back - left:.1f}", flush=True)
     return 0
 
 

@@ -106,7 +106,15 @@ class ServiceMesh:
             from controller_svc.fleet_attach import fleet_for
 
             self.fleet = fleet_for(job.services.rollout.fleet)
-            job.services.rollout.replicas = len(self.fleet.state()["replicas"])
+            state = self.fleet.state()
+            sc = state.get("scaling") or {}
+            if job.async_.mode == "sync" and sc.get("max", 0) > sc.get("min", 0):
+                raise ValueError(f"services.rollout.fleet={self.fleet.name} with async.mode=sync: fleet "
+                                 f"{self.fleet.name!r} scales ({sc['min']}..{sc['max']} replicas) and a synchronous "
+                                 "job's feeder waits for every replica to serve its version; use async.mode=async "
+                                 "or a fleet of fixed size")
+            # a view for every replica the fleet may run: one that joins later finds the job
+            job.services.rollout.replicas = len(state["replicas"])
         self.views = views = derive_views(job)
         cfg_dir = self.run_dir / "config"
         out = {"trainer": write_view(views["trainer"], cfg_dir / "trainer.yaml")}

@@ -11,7 +11,8 @@ depth, the groups its replicas hold, the trainer's time waiting for samples, sam
 dropped as stale, tokens/s); the fleet sums them over the jobs whose file is fresh.
 
 :class:`BacklogPolicy` (the default) adds a replica when the prompt groups waiting per
-serving replica stayed at or above ``up_backlog`` for ``up_after_s``, drains one when they
+serving replica (not generated yet: queued, or leased and generating) stayed at or above
+``up_backlog`` for ``up_after_s``, drains one when they
 stayed at or below ``down_backlog`` (and no trainer waited for samples most of the time)
 for ``down_after_s``, and goes back to ``min_replicas`` at once when no job has been attached
 for ``down_after_s``. Hysteresis is the gap between the two thresholds and the time each
@@ -39,7 +40,7 @@ class FleetSignals:
     serving: int  # replicas serving (ready, not draining)
     changing: int = 0  # replicas starting or draining
     jobs: int = 0  # jobs attached
-    backlog: float = 0.0  # prompt groups queued and not leased, summed over the jobs
+    backlog: float = 0.0  # prompt groups not generated yet (queued, or leased and generating), all jobs
     trainer_wait: float = 0.0  # largest share of the last interval a job's trainer waited for samples (0..1)
     dropped_stale_per_s: float = 0.0  # samples dropped as stale per second, summed over the jobs
     tokens_per_s: float = 0.0  # generated tokens per second, summed over the jobs
@@ -82,8 +83,8 @@ class ScalingPolicy:
 class BacklogPolicy(ScalingPolicy):
     """Scale on the backlog per replica, with hysteresis and a cool-down (see module doc)."""
 
-    up_backlog: float = 4.0
-    down_backlog: float = 0.5
+    up_backlog: float = 16.0
+    down_backlog: float = 4.0
     up_after_s: float = 6.0
     down_after_s: float = 20.0
     cooldown_s: float = 20.0
@@ -148,7 +149,11 @@ class JobLoad:
 
     @property
     def backlog(self) -> float:
-        return max(0.0, self.prompts - self.leased)
+        """Prompt groups not generated yet. A replica leases up to ``max_groups_in_flight``
+        groups at once, usually the whole admission window, so what waits for generation
+        sits in the replicas as often as in the queue: the depth counts both. A job whose
+        trainer is the bottleneck keeps it low (its groups wait as samples, not prompts)."""
+        return self.prompts
 
 
 def job_load(data: dict[str, Any] | None) -> JobLoad | None:

@@ -58,10 +58,10 @@ class FleetScaling(StrictModel):
     max_replicas: int | None = Field(None, ge=1, le=1024, description="most replicas (default: replicas)")
     interval_s: float = Field(2.0, gt=0, le=3600, description="seconds between two readings of the jobs' signals")
     up_backlog: float = Field(
-        4.0, ge=0, description="prompt groups waiting per serving replica (queued, not yet leased, summed over "
-        "the jobs) at or above which a replica is added, once it held for up_after_s")
+        16.0, ge=0, description="prompt groups not generated yet (queued, or leased and generating; summed over "
+        "the jobs) per serving replica at or above which a replica is added, once it held for up_after_s")
     down_backlog: float = Field(
-        0.5, ge=0, description="at or below this backlog per replica, with no trainer waiting for samples, a "
+        4.0, ge=0, description="at or below this backlog per replica, with no trainer waiting for samples, a "
         "replica is drained, once it held for down_after_s")
     up_after_s: float = Field(6.0, ge=0, le=86_400, description="the backlog stays high this long before a replica is added")
     down_after_s: float = Field(20.0, ge=0, le=86_400, description="the backlog stays low this long before a replica is drained")

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,44 +18,19 @@ import pytest
 
 from services.fleets import FleetDir
 from tests.fixtures.jobs import make_arith_parquet
+from tests.integration.fleet_support import adapter_job, running_fleet
 from tests.integration.job_faults_support import assert_ledger_exact
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = "tiny"
-
-
-def _meshrl(*args: str, env: dict, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "meshrl_cli", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
 
 @pytest.fixture(scope="module")
 def fleet(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("fleet")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MESHRL_FLEETS_DIR=str(root / "fleets"))
-    spec = root / "fleet.yaml"
-    spec.write_text(json.dumps({
-        "name": NAME, "model": {"path": tiny_model, "lora_rank": 8},
-        "rollout": {"prompt_length": 32, "response_length": 8, "kv_cache_space_gib": 1, "max_num_seqs": 256},
-        "replicas": 1, "max_jobs": 2, "restart": {"backoff_s": 0.5}}))
-    log = open(root / "fleet.out", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "meshrl_cli", "fleet", "start", str(spec)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
-    fdir = FleetDir(NAME, root / "fleets")
-    deadline = time.monotonic() + 300
-    while (fdir.state() or {}).get("state") != "ready":
-        assert proc.poll() is None, (root / "fleet.out").read_text()[-3000:]
-        assert time.monotonic() < deadline, (root / "fleet.out").read_text()[-3000:]
-        time.sleep(0.5)
-    yield root, env, fdir, proc
-    stop = subprocess.run([sys.executable, "-m", "meshrl_cli", "fleet", "stop", NAME], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=180)
-    assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert proc.wait(60) == 0, (root / "fleet.out").read_text()[-3000:]
-    assert fdir.state()["state"] == "stopped"
-    log.close()
+    with running_fleet(root, NAME, tiny_model) as (env, fdir, proc):
+        yield root, env, fdir, proc
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +39,7 @@ def arith(tmp_path_factory):
 
 
 def _job(env: dict, run_dir: Path, model: str, data: str, *overrides: str) -> subprocess.Popen:
-    return _meshrl("run", str(REPO / "examples/quickstart.yaml"), "--run-dir", str(run_dir), "--no-progress",
-                   f"model.path={model}", f"data.train_files={data}", "data.val_files=[]",
-                   "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4", "trainer.total_steps=3",
-                   "model.lora_rank=8", "model.lora_alpha=16", f"services.rollout.fleet={NAME}", *overrides, env=env)
+    return adapter_job(env, run_dir, model, data, NAME, *overrides)
 
 
 def _replica_pid(fdir: FleetDir) -> int:

@@ -92,7 +92,7 @@ def test_signals_sum_the_jobs_and_rate_their_counters():
     loads = {"a": JobLoad(time=wall, prompts=10, leased=4, trainer_wait_s=5, dropped_stale=0),
              "b": JobLoad(time=wall, prompts=3, leased=3), "c": None}
     s = r.read(loads, now=1, wall=wall, serving=2, changing=0)
-    assert (s.jobs, s.backlog, s.backlog_per_replica, s.trainer_wait) == (3, 6, 3, 0)
+    assert (s.jobs, s.backlog, s.backlog_per_replica, s.trainer_wait) == (3, 13, 6.5, 0)
     loads["a"] = JobLoad(time=wall + 4, prompts=10, leased=4, trainer_wait_s=7, dropped_stale=8)
     s = r.read(loads, now=5, wall=wall + 4, serving=2, changing=0)
     assert s.trainer_wait == pytest.approx(0.5) and s.dropped_stale_per_s == pytest.approx(2.0)
