@@ -30,6 +30,15 @@ replica serving (``up_serving_s``), and the last job's exit to the fleet back at
 before; the ledgers must be exact. The last line:
 
     fleet_scale scale_ups=<n> scale_downs=<n> flaps=<n> lost=<n> trained_twice=<n> up_latency_s=<s> down_latency_s=<s>
+
+``--cancel`` measures one job's recovery when another on the same replica is cancelled: job
+a runs alone for ``--phase-s`` seconds, job b joins for as long, then b is cancelled (SIGINT,
+as Ctrl-C or the gateway's cancel) and a runs on for as long again, then a is cancelled.
+Job a's steps per minute in each phase (the steps its trainer finished in the phase's last
+two thirds), and ``recover_s``: from b's cancel to the end of the first 10-second window in
+which a's rate is back to 90% of its rate alone. The last line:
+
+    fleet_cancel recover_s=<s> steps_per_min_alone=<x> shared=<x> after=<x> lost=<n>
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="models, data, runs and the fleet (default: a temp dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an extra override of every job")
     p.add_argument("--elastic", action="store_true", help="measure the fleet's scaling (see the module doc)")
+    p.add_argument("--cancel", action="store_true", help="measure a job's recovery from another's cancel")
+    p.add_argument("--phase-s", type=float, default=45.0, help="--cancel: seconds of each phase")
     p.add_argument("--max-replicas", type=int, default=2, help="--elastic: the fleet's scaling.max_replicas")
     p.add_argument("--scaling", action="append", default=[], metavar="KEY=VALUE",
                    help="--elastic: a scaling key of the fleet (e.g. up_backlog=48)")
@@ -77,6 +88,7 @@ class Run:
     ledger: dict = field(default_factory=dict)
     returncode: int | None = None
     ended: float | None = None
+    proc: subprocess.Popen | None = None
 
     def first_sample_s(self) -> float:
         return self.first_sample - self.launched if self.first_sample else float("nan")
@@ -138,7 +150,7 @@ def launch(run: Run, cmd: list[str], env: dict) -> tuple[threading.Thread, objec
     """Start one run and the thread watching it; (thread, its log file)."""
     log = open(run.run_dir.parent / f"{run.name}.log", "w")
     run.launched = time.time()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    proc = run.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     thread = threading.Thread(target=watch, args=(run, proc))
     thread.start()
     return thread, log
@@ -192,6 +204,8 @@ def main(argv=None) -> int:
 
     if args.elastic:
         return elastic(args, spec, base, env, work, fleet_spec(work, model, rank, lengths, args))
+    if args.cancel:
+        return cancel(args, spec, base, env, work, fleet_spec(work, model, rank, lengths, args))
 
     print(f"== cold: the job starts its own replica (load {load()})", flush=True)
     cold = Run("cold", work / "cold")
@@ -315,6 +329,71 @@ def elastic(args: argparse.Namespace, spec: Path, base: list[str], env: dict, wo
           f"scale_ups_before_job_b={len(early)} load={load()}", flush=True)
     print(f"fleet_scale scale_ups={len(ups)} scale_downs={len(downs)} flaps={flaps} lost={lost} trained_twice={twice} "
           f"up_latency_s={up_latency:.1f} down_latency_s={back - left:.1f}", flush=True)
+    return 0
+
+
+def step_times(run: Run) -> list[float]:
+    """Unix times at which the run's trainer finished its steps."""
+    try:
+        lines = (run.run_dir / "trainer_metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line)["time"] for line in lines if line.strip()]
+
+
+def cancel(args: argparse.Namespace, spec: Path, base: list[str], env: dict, work: Path, fleet: Path) -> int:
+    """``--cancel`` (see the module doc)."""
+    import signal
+
+    endless = [*base, "trainer.total_steps=1000000"]
+    with running_fleet(fleet, work, env):
+        a, b = Run("job-a", work / "job-a"), Run("job-b", work / "job-b")
+        started = [launch(a, job_command(spec, endless, a.run_dir, 0, fleet=True), env)]
+        while a.first_step is None and a.returncode is None:
+            time.sleep(0.2)
+        t_b = time.time() + args.phase_s
+        time.sleep(args.phase_s)
+        print(f"== cancel: {b.name} joins (load {load()})", flush=True)
+        started.append(launch(b, job_command(spec, endless, b.run_dir, 1, fleet=True), env))
+        while b.first_step is None and b.returncode is None:
+            time.sleep(0.2)
+        time.sleep(args.phase_s)
+        print(f"== cancel: {b.name} cancelled (load {load()})", flush=True)
+        t_cancel = time.time()
+        b.proc.send_signal(signal.SIGINT)
+        time.sleep(args.phase_s)
+        t_end = time.time()
+        a.proc.send_signal(signal.SIGINT)
+        for t, log in started:
+            t.join()
+            log.close()
+    for r in (a, b):
+        if r.returncode != 130:
+            raise SystemExit(f"{r.name}: exited {r.returncode} after its cancel; see {r.run_dir.parent / (r.name + '.log')}")
+        r.ledger = json.loads((r.run_dir / "summary.json").read_text())["ledger"]
+    times = step_times(a)
+
+    def rate(t0: float, t1: float) -> float:
+        return 60.0 * sum(t0 <= t < t1 for t in times) / (t1 - t0)
+
+    t_first = a.first_step
+    third = args.phase_s / 3
+    alone = rate(t_first + third, t_b)
+    shared = rate(b.first_step + third, t_cancel)
+    after = rate(t_cancel + third, t_end)
+    recover = float("nan")
+    w = 10.0
+    t = t_cancel
+    while t + w <= t_end:
+        if rate(t, t + w) >= 0.9 * alone:
+            recover = t + w - t_cancel
+            break
+        t += 1.0
+    lost = sum(r.ledger["audit"]["lost"] + r.ledger["audit"]["trained_twice"] for r in (a, b))
+    print(f"  job-a steps: {len(times)}; b's first step {b.first_step - b.launched:.1f}s after its launch; "
+          f"load={load()}", flush=True)
+    print(f"fleet_cancel recover_s={recover:.1f} steps_per_min_alone={alone:.1f} shared={shared:.1f} "
+          f"after={after:.1f} lost={lost}", flush=True)
     return 0
 
 

@@ -6,9 +6,10 @@ the reason (also the label of ``meshrl_fleet_scale_decisions_total``). The polic
 decides; the fleet (:mod:`fleet_svc.fleet`) starts and drains replicas.
 
 The signals come from the jobs attached to the fleet: each job's controller writes
-``jobs/<job>/load.json`` (:func:`job_load`) when it observes the job (its ``prompts`` queue
+``jobs/<job>/load.json`` when it observes the job (its ``prompts`` queue
 depth, the groups its replicas hold, the trainer's time waiting for samples, samples
-dropped as stale, tokens/s); the fleet sums them over the jobs whose file is fresh.
+dropped as stale, tokens/s; :class:`services.fleets.JobLoad`); the fleet sums them over the jobs
+whose file is fresh.
 
 :class:`BacklogPolicy` (the default) adds a replica when the prompt groups waiting per
 serving replica (not generated yet: queued, or leased and generating) stayed at or above
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from services.fleets import JobLoad, job_load  # noqa: F401  (job_load: the fleet reads the jobs' files with it)
 
 #: a job's ``load.json`` older than this many seconds is not counted (its controller is gone)
 LOAD_FRESH_S = 30.0
@@ -133,38 +136,6 @@ def _since(since: float | None, holds: bool, now: float) -> float | None:
     if not holds:
         return None
     return now if since is None else since
-
-
-@dataclass
-class JobLoad:
-    """One job's reading, from its ``load.json`` (see :func:`job_load`)."""
-
-    time: float
-    prompts: float = 0.0  # prompts queue depth: queued plus leased
-    leased: float = 0.0  # groups the replicas hold for the job
-    trainer_wait_s: float = 0.0  # the trainer's total seconds waiting for samples
-    dropped_stale: float = 0.0  # samples dropped as stale, in total
-    tokens_per_s: float = 0.0
-    version: int = 0  # the trainer's current version (a joining replica loads it before it leases)
-
-    @property
-    def backlog(self) -> float:
-        """Prompt groups not generated yet. A replica leases up to ``max_groups_in_flight``
-        groups at once, usually the whole admission window, so what waits for generation
-        sits in the replicas as often as in the queue: the depth counts both. A job whose
-        trainer is the bottleneck keeps it low (its groups wait as samples, not prompts)."""
-        return self.prompts
-
-
-def job_load(data: dict[str, Any] | None) -> JobLoad | None:
-    """A job's ``load.json`` content as a :class:`JobLoad`; None when unreadable."""
-    if not isinstance(data, dict):
-        return None
-    try:
-        return JobLoad(**{k: (int(v) if k == "version" else float(v)) for k, v in data.items()
-                          if k in JobLoad.__dataclass_fields__})
-    except (TypeError, ValueError):
-        return None
 
 
 class SignalReader:

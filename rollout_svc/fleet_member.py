@@ -194,7 +194,7 @@ class FleetReplica:
         samples are not stale. The version is the one the job's controller last wrote in
         ``load.json``; past ``weight_update_timeout_s`` it leases anyway (the trainer's
         staleness bound screens what it makes)."""
-        from fleet_svc.scaling import job_load
+        from services.fleets import job_load
         from services.handoff import read_json
 
         load = job_load(read_json(self.fdir.load_file(m.job_id)))

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,39 @@ class FleetDir:
             if data is not None:
                 out[f.parent.name] = data
         return out
+
+
+@dataclass
+class JobLoad:
+    """One job's reading, from its ``load.json`` (see :func:`job_load`)."""
+
+    time: float
+    prompts: float = 0.0  # prompts queue depth: queued plus leased
+    leased: float = 0.0  # groups the replicas hold for the job
+    trainer_wait_s: float = 0.0  # the trainer's total seconds waiting for samples
+    dropped_stale: float = 0.0  # samples dropped as stale, in total
+    tokens_per_s: float = 0.0
+    version: int = 0  # the trainer's current version (a joining replica loads it before it leases)
+
+    @property
+    def backlog(self) -> float:
+        """Prompt groups not generated yet. A replica leases up to ``max_groups_in_flight``
+        groups at once, usually the whole admission window, so what waits for generation
+        sits in the replicas as often as in the queue: the depth counts both. A job whose
+        trainer is the bottleneck keeps it low (its groups wait as samples, not prompts)."""
+        return self.prompts
+
+
+def job_load(data: dict[str, Any] | None) -> JobLoad | None:
+    """A job's ``load.json`` content as a :class:`JobLoad`; None when unreadable."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return JobLoad(**{k: (int(v) if k == "version" else float(v)) for k, v in data.items()
+                          if k in JobLoad.__dataclass_fields__})
+    except (TypeError, ValueError):
+        return None
+
 
 
 def write_private_whole(path: Path, text: str) -> None:

@@ -96,5 +96,5 @@ def test_the_fleet_restarts_a_killed_replica_and_the_job_loses_nothing(fleet, ti
     out = job.communicate(timeout=900)[0]
     assert job.returncode == 0, out[-4000:]
     assert _replica_pid(fdir) != pid  # the fleet brought a new replica, which took the job again
-    assert "rollout-0 exited" in (root / "fleet.out").read_text()
+    assert "rollout-0 exited" in (root / f"{NAME}.out").read_text()
     assert_ledger_exact(run_dir)

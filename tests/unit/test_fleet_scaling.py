@@ -10,9 +10,9 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from fleet_svc.scaling import BacklogPolicy, FleetSignals, JobLoad, SignalReader, job_load
+from fleet_svc.scaling import BacklogPolicy, FleetSignals, SignalReader
 from services.config.fleet import FleetScaling, FleetSpec
-from services.fleets import FleetDir
+from services.fleets import FleetDir, JobLoad, job_load
 
 
 def _policy(**kw) -> BacklogPolicy:
