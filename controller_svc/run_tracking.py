@@ -93,16 +93,15 @@ class RunTracking:
             self.val.start(0)
 
     def _val_dataset(self):
-        from transformers import AutoTokenizer
+        from services.data.prompt_tokenizer import open_prompt_dataset
 
-        from services.data.prompts import PromptDataset
-
-        spec = self.spec
-        tok = AutoTokenizer.from_pretrained(spec.model.tokenizer_path or spec.model.path,
-                                            trust_remote_code=spec.model.trust_remote_code)
-        return PromptDataset(spec.data.val_files, tok, max_prompt_length=spec.data.max_prompt_length,
-                             truncation=spec.data.truncation, filter_overlong_prompts=spec.data.filter_overlong_prompts,
-                             prompt_key=spec.data.prompt_key, chat_template=getattr(spec.data, "chat_template", None))
+        spec = self.spec  # (the tokenizer without transformers once used before: services/data/prompt_tokenizer.py)
+        return open_prompt_dataset(spec.data.val_files, spec.model.tokenizer_path or spec.model.path,
+                                   trust_remote_code=spec.model.trust_remote_code, log=log.info,
+                                   max_prompt_length=spec.data.max_prompt_length, truncation=spec.data.truncation,
+                                   filter_overlong_prompts=spec.data.filter_overlong_prompts,
+                                   prompt_key=spec.data.prompt_key,
+                                   chat_template=getattr(spec.data, "chat_template", None))
 
     async def tick(self) -> None:
         """Log the steps the history picked up since the last tick, start the rounds due,

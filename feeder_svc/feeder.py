@@ -94,16 +94,16 @@ class PromptFeeder:
 
 def build_feeder(view, queue, *, log=print, state_path: str | Path | None = None) -> PromptFeeder:
     """The feeder of ``view`` (a :class:`~services.config.views.FeederView`) on ``queue``: the
-    training files through :class:`~services.data.prompts.PromptDataset` with the job's tokenizer."""
-    from transformers import AutoTokenizer
+    training files through :class:`~services.data.prompts.PromptDataset` with the job's
+    tokenizer -- without importing transformers once this tokenizer was used before
+    (:mod:`services.data.prompt_tokenizer`)."""
+    from services.data.prompt_tokenizer import open_prompt_dataset
 
-    from services.data.prompts import PromptDataset
-
-    tok = AutoTokenizer.from_pretrained(view.model.tokenizer, trust_remote_code=view.model.trust_remote_code)
     d = view.data
-    ds = PromptDataset(d.train_files, tok, max_prompt_length=d.max_prompt_length, truncation=d.truncation,
-                       filter_overlong_prompts=d.filter_overlong_prompts, prompt_key=d.prompt_key,
-                       chat_template=d.chat_template)
+    ds = open_prompt_dataset(d.train_files, view.model.tokenizer, trust_remote_code=view.model.trust_remote_code,
+                             log=lambda line: log(f"feeder: {line}"), max_prompt_length=d.max_prompt_length,
+                             truncation=d.truncation, filter_overlong_prompts=d.filter_overlong_prompts,
+                             prompt_key=d.prompt_key, chat_template=d.chat_template)
     if ds.num_filtered:
         log(f"filtered {ds.num_filtered} over-long prompts (data.max_prompt_length={d.max_prompt_length})")
     return PromptFeeder(ds, queue, n=view.rollout.n, shuffle=d.shuffle, seed=d.seed, job=view.name,

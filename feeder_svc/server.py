@@ -59,7 +59,9 @@ async def serve(view, args, should_stop) -> None:
     watched = [make_queue(view.queues, stream=name, group=group, consumer="feeder", metrics=metrics.queues)
                for name, group in WATCHED]
     try:
-        feeder = build_feeder(view, prompts, state_path=args.state)
+        age = _process_age()
+        print(f"feeder: up{f' {age:.2f}s after exec' if age is not None else ''}; reading the prompts", flush=True)
+        feeder = build_feeder(view, prompts, state_path=args.state, log=lambda line: print(line, flush=True))
         if feeder.state.fed:
             print(f"feeder: resuming: {feeder.state.fed} prompts fed before (epoch {feeder.state.epoch}, "
                   f"position {feeder.state.cursor})", flush=True)
@@ -80,6 +82,20 @@ async def serve(view, args, should_stop) -> None:
         await prompts.close()
         for q in watched:
             await q.close()
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started (its interpreter's start and imports), or None."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,15 +115,27 @@ class PromptDataset:
         self._rows = [rows[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
 
-    def _encode(self, prompt: Any) -> list[int]:
+    def _encode(self, prompt: Any, tokenizer: Any = None) -> list[int]:
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         if self.apply_chat_template:
-            return apply_template(self.tokenizer, prompt, self.chat_template)
+            return apply_template(tokenizer, prompt, self.chat_template)
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a string when apply_chat_template=False, got {type(prompt).__name__}")
-        return [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=False)]
+        return [int(t) for t in tokenizer.encode(prompt, add_special_tokens=False)]
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    def differs(self, tokenizer: Any) -> str | None:
+        """None when ``tokenizer`` gives every prompt kept here the ids it has here; else the
+        first prompt it does not (services/data/prompt_tokenizer.py checks a tokenizer so)."""
+        for i, row in enumerate(self._rows):
+            mine = self._ids[i]
+            ids = self._encode(row[self.prompt_key], tokenizer)
+            if ids != mine:
+                return f"prompt {i}: {len(ids)} ids against {len(mine)}, first difference at " \
+                       f"{next((k for k, (a, b) in enumerate(zip(ids, mine)) if a != b), min(len(ids), len(mine)))}"
+        return None
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self._rows[index]
