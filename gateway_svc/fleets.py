@@ -4,6 +4,8 @@ jobs it launches attach to with ``services.rollout.fleet: NAME``.
     fleets = FleetManager(Path("runs/fleets"), policy)
     fleets.start(spec_yaml_or_dict, ["replicas=2"])    # -> the fleet's public view, state "starting"
     fleets.list(); fleets.get("smol"); fleets.stop("smol", timeout=60)
+    fleets.scale("smol", min_replicas=1, max_replicas=3)   # a running fleet's replica bounds
+    fleets.events("smol", since=0.0)                       # its scaling decisions, oldest first
 
 A fleet is ``python -m fleet_svc start SPEC --fleets-dir ROOT`` (``meshrl fleet start``), a
 child of the gateway in a session of its own (so a signal to the gateway's group does not
@@ -18,6 +20,14 @@ reads the same directory and finds its fleets again, as the local launcher finds
 Stopping is the fleet's own protocol (``FleetDir.request_stop``, what ``meshrl fleet stop``
 does): each replica detaches its jobs, then the fleet says ``stopped``.
 
+An elastic fleet (``scaling.max_replicas`` above ``scaling.min_replicas``) adds and drains
+replicas on its jobs' backlog by itself; the view carries each replica's ``phase`` (``off``,
+``starting``, ``serving``, ``draining``) and the ``scaling`` block of its ``fleet.json`` (bounds,
+replicas desired, policy, signals, plus the bounds ``requested`` through :meth:`FleetManager.scale`
+that it may not have taken yet); :meth:`FleetManager.events` reads its decisions
+(``events.jsonl``). :meth:`FleetManager.scale` is ``meshrl fleet scale``: it writes the bounds
+(``FleetDir.request_bounds``), which the fleet takes at its next reading.
+
 States: ``starting`` (launched, replicas loading), ``ready``, ``stopping`` (asked to stop),
 ``stopped``, ``failed`` (a replica out of restarts, or the process gone without a final
 word: the detail says why, with the end of its log).
@@ -30,6 +40,7 @@ import math
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -55,6 +66,9 @@ LAUNCH_FILE = "gateway.json"
 SPEC_FILE = "gateway-spec.yaml"
 LOG_FILE = "fleet.log"
 RUNNING = ("starting", "ready", "stopping")
+PHASES = ("off", "starting", "serving", "draining")
+#: the bytes of ``events.jsonl`` read at most (its end): a fleet decides at most once per cool-down
+MAX_EVENT_BYTES = 4 << 20
 #: The fleet's process as the gateway starts it, before ``SPEC --fleets-dir ROOT``.
 FLEET_COMMAND = (sys.executable, "-m", "fleet_svc", "start")
 
@@ -69,6 +83,10 @@ class FleetConflict(RuntimeError):
 
 class FleetLaunchError(RuntimeError):
     """The fleet's process could not be started (the gateway's machine, not the request)."""
+
+
+class FleetBoundsRejected(SpecRejected):
+    """Replica bounds outside 1 <= min <= max <= the spec's largest count (a 400 / INVALID_ARGUMENT)."""
 
 
 class FleetStillStopping(RuntimeError):
@@ -184,6 +202,66 @@ class FleetManager:
                                          view)
             time.sleep(0.2)
 
+    def scale(self, name: str, min_replicas: int | None = None, max_replicas: int | None = None) -> dict[str, Any]:
+        """Run fleet ``name`` between ``min_replicas`` and ``max_replicas`` replicas from its
+        next reading on (``meshrl fleet scale``; a bound not given stays as it is); its view,
+        with the bounds asked for in ``scaling.requested``. :class:`FleetNotFound`,
+        :class:`FleetConflict` (not running, or stopping), :class:`FleetBoundsRejected`
+        (outside ``1 <= min <= max <=`` the spec's ``scaling.max_replicas``)."""
+        view = self.get(name)
+        if view["state"] not in ("starting", "ready") or not view.get("pid"):
+            raise FleetConflict(f"fleet {name!r} is {view['state']}; only a running fleet can be scaled")
+        fdir = FleetDir(name, self.root)
+        launch = read_json(fdir.path / LAUNCH_FILE) or {}
+        if launch.get("pid") is not None and (fdir.state() or {}).get("pid") != launch.get("pid"):
+            # its start clears a bounds request (services/fleets.py, FleetDir.create): not yet
+            raise FleetConflict(f"fleet {name!r} is still launching (no state of this run yet); scale it once "
+                                f"it says starting or ready")
+        spec = self._spec(fdir)
+        if spec is None:
+            raise FleetConflict(f"fleet {name!r}: its spec cannot be read from {fdir.path}")
+        most = len(spec.replica_names())
+        sc = view.get("scaling") or {}
+        asked = fdir.requested_bounds()
+        if asked is not None:
+            lo0, hi0 = asked
+        elif isinstance(sc.get("min"), int) and isinstance(sc.get("max"), int):
+            lo0, hi0 = sc["min"], sc["max"]
+        else:
+            lo0, hi0 = spec.scaling.bounds(spec.replicas)
+        lo = lo0 if min_replicas is None else min_replicas
+        hi = hi0 if max_replicas is None else max_replicas
+        problems = []
+        if not isinstance(lo, int) or isinstance(lo, bool) or lo < 1:
+            problems.append(f"min_replicas: {lo!r} is not a count of at least 1")
+        if not isinstance(hi, int) or isinstance(hi, bool) or hi > most:
+            problems.append(f"max_replicas: {hi!r} is above the fleet's largest count {most} (its spec's "
+                            f"scaling.max_replicas; a fleet started with fewer cannot grow past it)")
+        if not problems and lo > hi:
+            given = [k for k, v in (("min_replicas", min_replicas), ("max_replicas", max_replicas)) if v is not None]
+            problems.append(f"min_replicas ({lo}) is above max_replicas ({hi})"
+                            + (" (the one not given is the fleet's current bound)" if len(given) == 1 else ""))
+        if problems:
+            raise FleetBoundsRejected(f"fleet {name!r}: need 1 <= min_replicas <= max_replicas <= {most}:\n"
+                                      + "\n".join(f"  {p}" for p in problems))
+        fdir.request_bounds(lo, hi)
+        return self.get(name)
+
+    def events(self, name: str, *, since: float = 0.0, limit: int = 1000) -> dict[str, Any]:
+        """Fleet ``name``'s scaling decisions after ``since`` (unix seconds), oldest first, at
+        most ``limit`` (the oldest ones: pass the last ``ts`` as ``since`` for the next ones):
+        ``{"name", "state", "events": [{"ts", "action", "reason", "replicas", "from", "to",
+        "signals"}]}``. :class:`FleetNotFound`."""
+        view = self.get(name)
+        out = []
+        for e in _read_events(FleetDir(name, self.root).events_file):
+            ev = _event(e)
+            if ev is not None and ev["ts"] > since:
+                out.append(ev)
+                if len(out) >= limit:
+                    break
+        return {"name": name, "state": view["state"], "events": out}
+
     # -- queries ----------------------------------------------------------------------------------------------
 
     def names(self) -> list[str]:
@@ -214,6 +292,18 @@ class FleetManager:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def _spec(self, fdir: FleetDir) -> FleetSpec | None:
+        """The spec of the fleet's run: its own ``fleet.yaml``, else the one the gateway started it with."""
+        from services.config.loader import load_model
+
+        for path in (fdir.spec_file, fdir.path / SPEC_FILE):
+            if path.is_file() and not path.is_symlink():
+                try:
+                    return load_model(FleetSpec, path, what="fleet spec")
+                except (ConfigError, OSError, ValueError):
+                    continue
+        return None
 
     def _view(self, name: str, *, with_spec: bool = False) -> dict[str, Any] | None:
         """The public view of fleet ``name`` from its directory (None: it never ran here)."""
@@ -258,6 +348,7 @@ class FleetManager:
             replicas[rep[:128]] = {
                 "alive": m.get("alive") is True and state in RUNNING, "ready": m.get("ready") is True,
                 "restarts": _int(m.get("restarts")) or 0, "metrics": _str(m.get("metrics")), "pid": _int(m.get("pid")),
+                "phase": _phase(m.get("phase"), state),
             }  # fmt: skip
         jobs = {}
         for job in fdir.attached()[:1024]:
@@ -269,6 +360,9 @@ class FleetManager:
             "max_jobs": _int(st.get("max_jobs")) if this_run else None,
             "max_lora_rank": _int(st.get("max_lora_rank")) if this_run else None,
             "replicas": replicas, "jobs": jobs,
+            "scaling": _scaling(st.get("scaling") if this_run else None,
+                                fdir.requested_bounds() if state in ("starting", "ready") else None),
+            "metrics": _str(st.get("metrics")) if this_run and state in RUNNING else None,
             "started_at": _float(launch.get("started")),
             "updated_at": _float(st.get("time")) if this_run else _float(launch.get("started")),
         }  # fmt: skip
@@ -291,6 +385,72 @@ def _alive(pid: int, start_ticks: Any = None) -> bool:
     if stat is None or stat[0] in ("Z", "X"):
         return False
     return not isinstance(start_ticks, int) or stat[1] == start_ticks
+
+
+def _phase(v: Any, state: str) -> str | None:
+    """A replica's phase as the fleet wrote it (None: a fleet that writes none); ``off`` once the
+    fleet is no longer running, whatever it last wrote."""
+    if v not in PHASES:
+        return None
+    return v if state in RUNNING else "off"
+
+
+def _signals(v: Any) -> dict[str, float]:
+    """The fleet's scaling signals: the numbers only (not its monotonic clock ``now``), bounded."""
+    if not isinstance(v, dict):
+        return {}
+    out = {}
+    for k, x in list(v.items())[:64]:
+        if isinstance(k, str) and k != "now" and (f := _float(x)) is not None:
+            out[k[:64]] = f
+    return out
+
+
+def _scaling(sc: Any, requested: tuple[int, int] | None) -> dict[str, Any] | None:
+    """The ``scaling`` block of fleet.json, typed (None: the fleet wrote none), with the bounds
+    asked for through the gateway or ``meshrl fleet scale`` (``requested``)."""
+    if not isinstance(sc, dict):
+        return None
+    return {"min": _int(sc.get("min")), "max": _int(sc.get("max")), "desired": _int(sc.get("desired")),
+            "policy": (_str(sc.get("policy")) or "")[:64] or None, "signals": _signals(sc.get("signals")),
+            "requested": {"min": requested[0], "max": requested[1]} if requested else None}  # fmt: skip
+
+
+def _read_events(path: Path) -> list[dict[str, Any]]:
+    """The fleet's ``events.jsonl``, its last :data:`MAX_EVENT_BYTES` at most (no symlink followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return []
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - MAX_EVENT_BYTES))
+        data = f.read(MAX_EVENT_BYTES)
+    lines = data.split(b"\n")
+    if size > MAX_EVENT_BYTES:
+        lines = lines[1:]  # the first one is cut
+    out = []
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(e, dict):
+            out.append(e)
+    return out
+
+
+def _event(e: dict[str, Any]) -> dict[str, Any] | None:
+    """One line of ``events.jsonl`` (fleet_svc/fleet.py) as the API shows it: ``time`` is ``ts``."""
+    ts = _float(e.get("time"))
+    if ts is None:
+        return None
+    reps = e.get("replicas")
+    return {"ts": ts, "action": str(e.get("action") or "")[:32], "reason": str(e.get("reason") or "")[:64],
+            "replicas": [str(r)[:128] for r in reps[:1024]] if isinstance(reps, list) else [],
+            "from": _int(e.get("from")), "to": _int(e.get("to")), "signals": _signals(e.get("signals"))}  # fmt: skip
 
 
 def _report(r: dict[str, Any]) -> dict[str, Any]:
@@ -320,4 +480,5 @@ def _tail(path: Path, lines: int = 8) -> str:
     return tail_text(path, lines)
 
 
-__all__ = ["FleetConflict", "FleetLaunchError", "FleetManager", "FleetNotFound", "FleetStillStopping", "fleets_dir"]
+__all__ = ["FleetBoundsRejected", "FleetConflict", "FleetLaunchError", "FleetManager", "FleetNotFound",
+           "FleetStillStopping", "fleets_dir"]

@@ -5,7 +5,8 @@
 Auth is the metadata ``authorization: Bearer <token>`` (constant-time compare); errors map
 to status codes: UNAUTHENTICATED, INVALID_ARGUMENT (bad spec, names the fields), NOT_FOUND,
 FAILED_PRECONDITION (state does not allow it). The fleet methods (StartFleet, ListFleets,
-GetFleet, StopFleet) go to the gateway's :class:`~gateway_svc.fleets.FleetManager`.
+GetFleet, ScaleFleet, GetFleetEvents, StopFleet) go to the gateway's
+:class:`~gateway_svc.fleets.FleetManager`.
 """
 
 from __future__ import annotations
@@ -87,11 +88,23 @@ def fleet_msg(fleet: dict[str, Any]) -> job_pb2.FleetInfo:
     for key in ("pid", "max_jobs", "max_lora_rank", "started_at", "updated_at"):
         if fleet.get(key) is not None:
             setattr(msg, key, fleet[key])
+    msg.metrics = fleet.get("metrics") or ""
     for name, r in fleet.get("replicas", {}).items():
         rep = msg.replicas[name]
         rep.alive, rep.ready, rep.restarts, rep.metrics = r["alive"], r["ready"], r["restarts"], r["metrics"] or ""
+        rep.phase = r.get("phase") or ""
         if r.get("pid") is not None:
             rep.pid = r["pid"]
+    sc = fleet.get("scaling")
+    if sc is not None:
+        msg.scaling.SetInParent()
+        for key in ("min", "max", "desired"):
+            if sc.get(key) is not None:
+                setattr(msg.scaling, key, sc[key])
+        msg.scaling.policy = sc.get("policy") or ""
+        msg.scaling.signals.update(sc.get("signals") or {})
+        if sc.get("requested"):
+            msg.scaling.requested.min, msg.scaling.requested.max = sc["requested"]["min"], sc["requested"]["max"]
     for job, reports in fleet.get("jobs", {}).items():
         for name, r in reports.items():
             rep = msg.jobs[job].replicas[name]
@@ -99,6 +112,17 @@ def fleet_msg(fleet: dict[str, Any]) -> job_pb2.FleetInfo:
             for key in ("served_version", "pid", "time"):
                 if r.get(key) is not None:
                     setattr(rep, key, r[key])
+    return msg
+
+
+def fleet_event_msg(e: dict[str, Any]) -> job_pb2.FleetEvent:
+    """One scaling decision (FleetManager.events) -> FleetEvent."""
+    msg = job_pb2.FleetEvent(ts=e["ts"], action=e["action"], reason=e["reason"], replicas=e["replicas"],
+                             signals=e["signals"])  # fmt: skip
+    if e.get("from") is not None:
+        msg.from_replicas = e["from"]
+    if e.get("to") is not None:
+        msg.to_replicas = e["to"]
     return msg
 
 
@@ -223,6 +247,24 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     def GetFleet(self, request, context):  # noqa: N802
         fleets = self._fleets(context)
         return fleet_msg(self._call(context, fleets.get, request.name, with_spec=True))
+
+    def ScaleFleet(self, request, context):  # noqa: N802
+        fleets = self._fleets(context)
+        lo = request.min_replicas if request.HasField("min_replicas") else None
+        hi = request.max_replicas if request.HasField("max_replicas") else None
+        if lo is None and hi is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "min_replicas, max_replicas: give one or both")
+        return fleet_msg(self._call(context, fleets.scale, request.name, lo, hi))
+
+    def GetFleetEvents(self, request, context):  # noqa: N802
+        fleets = self._fleets(context)
+        if not (0.0 <= request.since <= 1e12):  # also refuses NaN
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "since: a unix time between 0 and 1e12")
+        if request.limit > 10_000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: at most 10000")
+        e = self._call(context, fleets.events, request.name, since=request.since, limit=request.limit or 1000)
+        return job_pb2.FleetEventsReply(name=e["name"], state=e["state"],
+                                        events=[fleet_event_msg(ev) for ev in e["events"]])  # fmt: skip
 
     def StopFleet(self, request, context):  # noqa: N802
         fleets = self._fleets(context)

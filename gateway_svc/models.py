@@ -169,6 +169,65 @@ class FleetReplica(BaseModel):
     restarts: int = Field(description="times the fleet restarted it")
     metrics: str | None = Field(None, description="its /health /ready /metrics URL")
     pid: int | None = Field(None, description="its process id")
+    phase: Literal["off", "starting", "serving", "draining"] | None = Field(
+        None, description="off (not running: an elastic fleet may start it), starting, serving, draining (leaving "
+        "on a scale-down); null from a fleet that reports none"
+    )
+
+
+class FleetScalingBounds(BaseModel):
+    min: int
+    max: int
+
+
+class FleetScaling(BaseModel):
+    """How many replicas the fleet runs and why (its last reading; docs/fleet.md, "Scaling")."""
+
+    min: int | None = Field(None, description="fewest replicas")
+    max: int | None = Field(None, description="most replicas")
+    desired: int | None = Field(None, description="replicas starting or serving")
+    policy: str | None = Field(None, description="the scaling policy (backlog)")
+    signals: dict[str, float] = Field(
+        default_factory=dict, description="what it decided on: serving, changing, jobs, backlog, backlog_per_replica, "
+        "trainer_wait (0..1), dropped_stale_per_s, tokens_per_s"
+    )
+    requested: FleetScalingBounds | None = Field(
+        None, description="bounds asked for (`PATCH /v1/fleets/{name}`, `meshrl fleet scale`); the fleet takes them "
+        "at its next reading (then `min`/`max` show them)"
+    )
+
+
+class FleetScale(BaseModel):
+    """``PATCH /v1/fleets/{name}``: a running fleet's replica bounds (a bound left out stays)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int | None = Field(None, ge=1, le=1024, description="fewest replicas")
+    max_replicas: int | None = Field(None, ge=1, le=1024, description="most replicas (at most the spec's "
+                                     "scaling.max_replicas)")
+    replicas: int | None = Field(None, ge=1, le=1024, description="exactly this many (min = max); not with the others")
+
+
+class FleetEvent(BaseModel):
+    """One scaling decision of the fleet (a line of its events.jsonl)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    ts: float = Field(description="unix seconds")
+    action: str = Field(description="add | remove")
+    reason: str = Field(description="backlog_high | backlog_low | idle | below_min | above_max")
+    replicas: list[str] = Field(default_factory=list, description="the replicas started or drained")
+    from_: int | None = Field(None, alias="from", description="replicas before")
+    to: int | None = Field(None, description="replicas after")
+    signals: dict[str, float] = Field(default_factory=dict, description="the signals it decided on")
+
+
+class FleetEvents(BaseModel):
+    """A fleet's scaling decisions, oldest first."""
+
+    name: str
+    state: str
+    events: list[FleetEvent] = Field(description="oldest first; pass the last `ts` as `since` to get only new ones")
 
 
 class FleetJobReport(BaseModel):
@@ -176,7 +235,8 @@ class FleetJobReport(BaseModel):
 
     state: str = Field(description="attached | refused | detached | failed")
     detail: str = Field("", description="why it refused, detached or failed")
-    served_version: int | None = Field(None, description="the job's adapter version it served when it attached")
+    served_version: int | None = Field(None, description="the job's adapter version it serves (reported again as "
+                                       "it loads a new one)")
     metrics: str | None = Field(None, description="host:port where it serves the job's /metrics")
     pid: int | None = Field(None, description="the replica's process id")
     time: float | None = Field(None, description="unix seconds of the report")
@@ -196,6 +256,9 @@ class Fleet(BaseModel):
     jobs: dict[str, dict[str, FleetJobReport]] = Field(
         default_factory=dict, description="attached job id -> {replica name -> that replica's report on the job}"
     )
+    scaling: FleetScaling | None = Field(None, description="bounds, replicas desired, the signals; null from a "
+                                         "fleet that reports none")
+    metrics: str | None = Field(None, description="host:port of the fleet process's /metrics (while it runs)")
     started_at: float | None = Field(None, description="unix seconds when the gateway started it")
     updated_at: float | None = Field(None, description="unix seconds of the fleet's last state")
     spec: str | None = Field(None, description="the resolved spec (YAML); only in `GET /v1/fleets/{name}`")

@@ -1,5 +1,6 @@
 """``/v1/fleets``: start a fleet of warm rollout replicas (JSON, or the YAML file itself), list
-fleets, get one, stop one (gateway_svc/fleets.py, docs/fleet.md). Bad input is a 4xx whose
+fleets, get one, change a running one's replica bounds (``PATCH``), read its scaling decisions
+(``/events``), stop one (gateway_svc/fleets.py, docs/fleet.md). Bad input is a 4xx whose
 ``detail`` names each bad field, as for jobs."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from gateway_svc.fleets import FleetConflict, FleetLaunchError, FleetManager, FleetNotFound, FleetStillStopping
-from gateway_svc.models import ErrorBody, Fleet, FleetList, FleetSubmit
+from gateway_svc.models import ErrorBody, Fleet, FleetEvents, FleetList, FleetScale, FleetSubmit
 from gateway_svc.routes.deps import AUTH, read_spec_body
 from gateway_svc.spec_validation import SpecRejected
 from services.config.fleet import NAME_PATTERN
@@ -87,6 +88,35 @@ def list_fleets(request: Request) -> dict[str, Any]:
             summary="one fleet: replicas, attached jobs with each replica's report, its spec")  # fmt: skip
 def get_fleet(name: FleetName, request: Request) -> dict[str, Any]:
     return _call(fleet_manager(request).get, name, with_spec=True)
+
+
+@router.patch(
+    "/v1/fleets/{name}", response_model=Fleet,
+    responses={**ERRORS, 400: {"model": ErrorBody, "description": "bounds outside 1 <= min <= max <= the spec's "
+                                                                  "scaling.max_replicas: names each"},
+               409: {"model": ErrorBody, "description": "the fleet is not running"},
+               422: {"model": ErrorBody, "description": "not a FleetScale body"}},
+    summary="set a running fleet's replica bounds (it adds or drains replicas to stay within them)",
+)  # fmt: skip
+def scale_fleet(name: FleetName, body: FleetScale, request: Request) -> dict[str, Any]:
+    fleets = fleet_manager(request)
+    if body.replicas is not None and (body.min_replicas is not None or body.max_replicas is not None):
+        raise HTTPException(400, "replicas: give either replicas (min = max) or min_replicas / max_replicas")
+    lo, hi = (body.replicas, body.replicas) if body.replicas is not None else (body.min_replicas, body.max_replicas)
+    if lo is None and hi is None:
+        raise HTTPException(400, "body: give min_replicas, max_replicas or replicas")
+    return _call(fleets.scale, name, lo, hi)
+
+
+@router.get("/v1/fleets/{name}/events", response_model=FleetEvents, responses=ERRORS,
+            summary="the fleet's scaling decisions (replicas added or drained, and why), oldest first")  # fmt: skip
+def fleet_events(
+    name: FleetName,
+    request: Request,
+    since: Annotated[float, Query(ge=0, le=1e12, allow_inf_nan=False, description="only events after this ts")] = 0.0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> dict[str, Any]:
+    return _call(fleet_manager(request).events, name, since=since, limit=limit)
 
 
 @router.delete(

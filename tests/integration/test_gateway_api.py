@@ -43,8 +43,8 @@ def test_the_route_list_has_every_v1_route_and_the_events():
     paths = {p for _, p in ROUTES}
     assert {"/v1/jobs", "/v1/jobs/x-1", "/v1/jobs/x-1/metrics", "/v1/jobs/x-1/events", "/v1/jobs/x-1/logs",
             "/v1/jobs/x-1:cancel", "/v1/jobs/x-1:pause", "/v1/jobs/x-1:resume", "/metrics"} <= paths, paths
-    assert {("POST", "/v1/fleets"), ("GET", "/v1/fleets"), ("GET", "/v1/fleets/x"), ("DELETE", "/v1/fleets/x")} <= set(
-        ROUTES), ROUTES
+    assert {("POST", "/v1/fleets"), ("GET", "/v1/fleets"), ("GET", "/v1/fleets/x"), ("DELETE", "/v1/fleets/x"),
+            ("PATCH", "/v1/fleets/x"), ("GET", "/v1/fleets/x/events")} <= set(ROUTES), ROUTES
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ def _code(fn, request, metadata=META):
 def test_every_rpc_refuses_missing_or_wrong_token(stub, metadata):
     methods = job_pb2.DESCRIPTOR.services_by_name["JobService"].methods
     assert {m.name for m in methods} >= {"SubmitJob", "GetJobEvents", "GetJobLogs", "StartFleet", "ListFleets",
-                                         "GetFleet", "StopFleet"}
+                                         "GetFleet", "StopFleet", "ScaleFleet", "GetFleetEvents"}
     for method in methods:  # every RPC the proto declares, so a new one cannot be left open
         request_cls = getattr(job_pb2, method.input_type.name)
         request = request_cls(spec_yaml=VALID_SPEC_YAML) if method.name == "SubmitJob" else request_cls()
