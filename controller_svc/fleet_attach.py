@@ -153,9 +153,16 @@ class AttachedReplica:
 
     def _phase(self) -> str:
         """The replica's phase in the fleet: off | starting | serving | draining ("serving" for
-        a fleet that does not say: it never scales)."""
+        a fleet that does not say: it never scales). The replica's own heartbeat overrides a
+        "serving" when it says it is leaving: it was asked to stop by someone other than the
+        fleet (an orchestrator scaling in), which the fleet learns only later."""
         member = ((self.att.fdir.state() or {}).get("members") or {}).get(self.name) or {}
-        return member.get("phase", "serving")
+        phase = member.get("phase", "serving")
+        if phase == "serving":
+            beat = self.att.fdir.heartbeats().get(self.name) or {}
+            if beat.get("phase") == "draining" or (beat.get("phase") == "off" and _alive(beat.get("pid"))):
+                phase = beat["phase"]
+        return phase
 
     def _attached(self) -> Ready | None:
         r = self._report()
@@ -201,6 +208,8 @@ class AttachedReplica:
         it now (:meth:`follow` takes it when it joins)."""
         deadline = time.monotonic() + timeout
         while not should_stop():
+            if not self.att.fdir.running():
+                raise ServiceFailed(f"{self.name}: fleet {self.att.fdir.name!r} stopped")
             if self._phase() != "serving":
                 self.parked = True
                 self._note("the fleet does not run it now; parked until it joins")
@@ -214,8 +223,6 @@ class AttachedReplica:
                 return self.ready
             if r and r.get("state") == "refused" and r.get("time", 0) >= self._since - 1.0:
                 raise ServiceFailed(f"{self.name} of fleet {self.att.fdir.name!r} refused the job: {r.get('detail')}")
-            if not self.att.fdir.running():
-                raise ServiceFailed(f"{self.name}: fleet {self.att.fdir.name!r} stopped")
             if time.monotonic() > deadline:
                 raise ServiceFailed(f"{self.name}: fleet {self.att.fdir.name!r} did not take the job within "
                                     f"{timeout:g}s (its replica's log: {self.att.fdir.log_file(self.name)})")
@@ -227,7 +234,9 @@ class AttachedReplica:
         if self._killed is not None:
             return self._killed
         if self.ready is None:
-            return None
+            # parked: fine while the fleet runs; once it stopped, an exit (the supervisor's
+            # restart then fails on "fleet stopped", and the job with it)
+            return 1 if self.parked and not self.att.fdir.running() else None
         r = self._report()
         if r is None or r.get("state") != "attached" or not _alive(r.get("pid")) or int(r["pid"]) != self.ready.pid:
             # a replica the fleet drains is leaving, not failing: follow() parks it

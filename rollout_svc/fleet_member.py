@@ -17,6 +17,11 @@ no queues and no weight channel. The engine starts with ``K`` adapter slots; the
   replica on SIGTERM: no new leases, the groups in flight delivered (or their leases left to
   expire back to the queue), its subscriber closed, its slot released; report ``detached``.
 
+Every ``HEARTBEAT_S`` the replica writes its own heartbeat (``members/<name>/_replica.json``,
+phase ``serving``); asked to stop (SIGTERM: the fleet drains it, or an orchestrator such as a
+Kubernetes HPA scales it in) it says ``draining`` before it lets its jobs go, and ``off`` as it
+exits.
+
 Jobs share the engine's batches: each job leases up to its own
 ``rollout.max_groups_in_flight`` groups and vLLM schedules all of them together. One job's
 failure (a bad version, a broken queue) stays in its loop: its report says ``failed`` and
@@ -38,6 +43,7 @@ from services.config.views import RolloutView
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
+HEARTBEAT_S = 2.0  # the replica's own heartbeat file (services/fleets.py)
 
 
 @dataclass
@@ -88,8 +94,12 @@ class FleetReplica:
             await engine.start()
             announce_ready("rollout", self.name, {"metrics": f"{http.host}:{http.port}"},
                            device=v.resources.device, dtype=engine.served_dtype(), fleet=self.spec.name)
+            beat = 0.0
             while not stop.is_set() and engine.healthy:
                 await self.poll()
+                if time.monotonic() - beat >= HEARTBEAT_S:
+                    beat = time.monotonic()
+                    self.fdir.heartbeat(self.name, "serving", jobs=sorted(self.members))
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=POLL_S)
                 except TimeoutError:
@@ -97,9 +107,12 @@ class FleetReplica:
             dead = not engine.healthy
             if dead:
                 log.error("vLLM engine died; stopping the fleet replica")
+            else:  # asked to stop (the fleet drains it, or an orchestrator scales in): leaving, not failing
+                self.fdir.heartbeat(self.name, "draining", jobs=sorted(self.members))
             await asyncio.gather(*(self.detach(j, reason="the replica is stopping") for j in list(self.members)))
             return 1 if dead else 0
         finally:
+            self.fdir.heartbeat(self.name, "off")
             engine.shutdown()
             http.stop()
 

@@ -18,6 +18,9 @@ belongs to the user running the fleet (0700):
     members/<replica>/<job_id>.json  one replica's state for one job (the replica):
                                    {"state": attached|refused|detached, "detail", "metrics",
                                     "served_version", "pid", "time"}
+    members/<replica>/_replica.json  the replica's own heartbeat: {"phase": serving|draining|off,
+                                   "pid", "time", "jobs"}, every few seconds; "draining" as soon as
+                                   it is asked to stop (whoever asked: the fleet, or an orchestrator)
     events.jsonl                   the fleet's scaling decisions, one JSON object per line
     bounds.json                    {"min", "max"}: the operator's replica bounds for a running fleet
                                    (``meshrl fleet scale``), within the spec's
@@ -222,6 +225,20 @@ class FleetDir:
     def report(self, replica: str, job_id: str, state: str, **extra: Any) -> None:
         write_json(self.member_file(replica, job_id), {"state": state, "pid": os.getpid(), "time": time.time(),
                                                          **extra})
+
+    def heartbeat(self, replica: str, phase: str, **extra: Any) -> None:
+        """A replica: it is alive, in ``phase`` (``members/<replica>/_replica.json``)."""
+        write_json(self.path / "members" / replica / "_replica.json",
+                   {"phase": phase, "pid": os.getpid(), "time": time.time(), **extra})
+
+    def heartbeats(self) -> dict[str, dict[str, Any]]:
+        """Every replica's last heartbeat: ``{replica: {"phase", "pid", "time", ...}}``."""
+        out = {}
+        for f in sorted((self.path / "members").glob("*/_replica.json")):
+            data = read_json(f)
+            if data is not None:
+                out[f.parent.name] = data
+        return out
 
     def reports(self, job_id: str) -> dict[str, dict[str, Any]]:
         """Every replica's last report on job ``job_id``: ``{replica: report}``."""

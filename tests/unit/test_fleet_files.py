@@ -187,3 +187,44 @@ def _rewrite_pid(fdir: FleetDir, pid: int) -> None:
     data = json.loads(f.read_text())
     data["pid"] = pid
     f.write_text(json.dumps(data))
+
+
+def test_a_replica_the_fleet_drains_or_that_says_it_leaves_is_parked_and_taken_back(tmp_path):
+    """The fleet scales: a replica it does not run is parked at once (not waited for); one it
+    drains, or one whose own heartbeat says it is leaving (an orchestrator scaled it in), is
+    parked, not counted as a crash; one that serves and took the job again rejoins; a parked
+    replica of a fleet that stopped is an exit."""
+    fdir, rep = _attached(tmp_path)
+    members = {"rollout-0": {"phase": "off"}}
+    fdir.write_state("ready", ["rollout-0"], members=members)
+    rep.start()
+    assert rep.wait_ready(5.0) is None and rep.parked and rep.returncode is None
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fdir.report("rollout-0", "job-1", "attached", metrics="127.0.0.1:9")
+        _rewrite_pid(fdir, child.pid)
+        assert rep.follow() is None  # reported, but the fleet does not say it serves yet
+        fdir.write_state("ready", ["rollout-0"], members={"rollout-0": {"phase": "serving"}})
+        assert rep.follow() == "joined" and rep.ready.pid == child.pid and not rep.parked
+        # an orchestrator's SIGTERM: the replica's heartbeat says draining before the fleet knows
+        fdir.heartbeat("rollout-0", "draining")
+        fdir.report("rollout-0", "job-1", "detached", detail="the replica is stopping")
+        assert rep.returncode is None  # leaving, not failing
+        assert rep.follow() == "left" and rep.parked and rep.ready is None
+        fdir.heartbeat("rollout-0", "serving")
+        fdir.report("rollout-0", "job-1", "attached", metrics="127.0.0.1:9")
+        _rewrite_pid(fdir, child.pid)
+        assert rep.follow() == "joined"
+        # the fleet drains it: parked again
+        fdir.write_state("ready", ["rollout-0"], members={"rollout-0": {"phase": "draining"}})
+        assert rep.returncode is None and rep.follow() == "left"
+    finally:
+        child.kill()
+        child.wait()
+    # the fleet's process is gone (its pid in fleet.json is ours, so fake a dead one): an exit
+    st = fdir.state()
+    st["pid"] = child.pid
+    fdir.state_file.write_text(__import__("json").dumps(st))
+    assert rep.returncode == 1
+    with pytest.raises(ServiceFailed, match="stopped"):
+        rep.start().wait_ready(5.0)
