@@ -8,7 +8,9 @@ replica: it binds the metrics port of its view and answers ``/health``, ``/ready
 ``/metrics``, prints the ``MESHRL_READY`` line, reports ``attached`` for every job in the
 fleet's ``jobs/`` with the version in the job's ``load.json`` as ``served_version`` (a real
 replica loads that version before it leases), ``detached`` when the job leaves or when it
-stops, and exits on SIGTERM. Knobs (env):
+stops, beats its own heartbeat (``members/<name>/_replica.json``: ``serving``, ``draining`` once
+asked to stop, ``off`` as it exits) as rollout_svc/fleet_member.py does, and exits on SIGTERM.
+Knobs (env):
 
     FAKE_FLEET_START_S   seconds a replica takes to announce ready (default 0.5)
     FAKE_FLEET_FAIL      the fleet exits at once with code 3 after a line on stderr
@@ -101,7 +103,9 @@ def replica_main(argv: list[str]) -> int:
     address = f"{host}:{http.server_address[1]}"
     announce_ready("rollout", name, {"metrics": address}, fleet=fdir.name)
     served: dict[str, int] = {}
+    beat = getattr(fdir, "heartbeat", lambda *a, **k: None)  # the replica's own heartbeat (services/fleets.py)
     while not stop.wait(0.2):
+        beat(name, "serving", jobs=sorted(served))
         jobs = set(fdir.attached())
         for job in sorted(jobs):
             try:
@@ -114,9 +118,11 @@ def replica_main(argv: list[str]) -> int:
         for job in set(served) - jobs:
             served.pop(job)
             fdir.report(name, job, "detached", detail="the job left the fleet")
+    beat(name, "draining", jobs=sorted(served))
     time.sleep(float(os.environ.get("FAKE_FLEET_STOP_S", "0")))
     for job in served:
-        fdir.report(name, job, "detached", detail="the replica stopped")
+        fdir.report(name, job, "detached", detail="the replica is stopping")
+    beat(name, "off")
     http.shutdown()
     print(f"fake replica {name}: stopped", flush=True)
     return 0
