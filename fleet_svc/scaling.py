@@ -12,10 +12,10 @@ dropped as stale, tokens/s; :class:`services.fleets.JobLoad`); the fleet sums th
 whose file is fresh.
 
 :class:`BacklogPolicy` (the default) adds a replica when the prompt groups waiting per
-serving replica (not generated yet: queued, or leased and generating) stayed at or above
-``up_backlog`` for ``up_after_s``, drains one when they
-stayed at or below ``down_backlog`` (and no trainer waited for samples most of the time)
-for ``down_after_s``, and goes back to ``min_replicas`` at once when no job has been attached
+serving replica (not generated yet: queued, or leased and generating), averaged over the last
+``up_after_s``, are at or above ``up_backlog``; drains one when their mean over the last
+``down_after_s`` is at or below ``down_backlog`` (and the trainers did not wait for samples
+most of that time); and goes back to ``min_replicas`` at once when no job has been attached
 for ``down_after_s``. Hysteresis is the gap between the two thresholds and the time each
 must hold; the cool-down allows at most one change per ``cooldown_s``; while a replica
 starts or drains it holds.
@@ -23,6 +23,7 @@ starts or drains it holds.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -84,7 +85,12 @@ class ScalingPolicy:
 
 @dataclass
 class BacklogPolicy(ScalingPolicy):
-    """Scale on the backlog per replica, with hysteresis and a cool-down (see module doc)."""
+    """Scale on the backlog per replica, with hysteresis and a cool-down (see module doc).
+
+    The backlog of a running job is a sawtooth (its window refills after each step, then
+    drains as the replicas generate), so the policy judges the **mean** of its readings over
+    ``up_after_s`` (adding) and ``down_after_s`` (draining), once it has watched that long
+    since it started or last changed the count."""
 
     up_backlog: float = 16.0
     down_backlog: float = 4.0
@@ -94,8 +100,7 @@ class BacklogPolicy(ScalingPolicy):
     starved: float = 0.5  # a trainer waiting this share of the time blocks a drain
     name: str = "backlog"
     last_change: float | None = None
-    _high_since: float | None = field(default=None, repr=False)
-    _low_since: float | None = field(default=None, repr=False)
+    _seen: deque = field(default_factory=deque, repr=False)  # (now, backlog per replica, trainer wait)
     _idle_since: float | None = field(default=None, repr=False)
 
     @classmethod
@@ -105,13 +110,22 @@ class BacklogPolicy(ScalingPolicy):
 
     def changed(self, now: float) -> None:
         self.last_change = now
-        self._high_since = self._low_since = None
+        self._seen.clear()  # the backlog per replica means something else now
+
+    def _mean(self, now: float, window: float) -> tuple[float, float] | None:
+        """Mean backlog per replica and trainer wait over the last ``window`` seconds; None
+        until the readings cover it."""
+        if not self._seen or self._seen[0][0] > now - window:
+            return None
+        recent = [(b, w) for t, b, w in self._seen if t >= now - window]
+        return sum(b for b, _ in recent) / len(recent), sum(w for _, w in recent) / len(recent)
 
     def decide(self, s: FleetSignals, lo: int, hi: int) -> Decision:
         now = s.now
-        per = s.backlog_per_replica
-        self._high_since = _since(self._high_since, per >= self.up_backlog and s.jobs > 0, now)
-        self._low_since = _since(self._low_since, per <= self.down_backlog and s.trainer_wait < self.starved, now)
+        self._seen.append((now, s.backlog_per_replica, s.trainer_wait))
+        longest = max(self.up_after_s, self.down_after_s)
+        while len(self._seen) > 1 and self._seen[1][0] <= now - longest:
+            self._seen.popleft()  # keep one reading at or before the longest window's start
         self._idle_since = _since(self._idle_since, s.jobs == 0, now)
         total = s.serving + s.changing
         if s.changing:
@@ -124,9 +138,11 @@ class BacklogPolicy(ScalingPolicy):
             return Decision("hold", "cooling down")
         if self._idle_since is not None and now - self._idle_since >= self.down_after_s:
             return Decision("remove", "idle", total - lo) if total > lo else HOLD
-        if self._high_since is not None and now - self._high_since >= self.up_after_s and total < hi:
+        up = self._mean(now, self.up_after_s)
+        if s.jobs and up is not None and up[0] >= self.up_backlog and total < hi:
             return Decision("add", "backlog_high", 1)
-        if self._low_since is not None and now - self._low_since >= self.down_after_s and total > lo:
+        down = self._mean(now, self.down_after_s)
+        if down is not None and down[0] <= self.down_backlog and down[1] < self.starved and total > lo:
             return Decision("remove", "backlog_low", 1)
         return HOLD
 

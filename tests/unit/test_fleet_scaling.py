@@ -33,14 +33,19 @@ def _run(policy, readings, lo=1, hi=3, start=1):
     return changes
 
 
-def test_a_backlog_adds_a_replica_only_once_it_held_for_up_after_s():
+def test_a_backlog_adds_a_replica_once_its_mean_over_up_after_s_is_high():
     p = _policy()
-    # high at t=0..5: not yet; at t=6 it held 6 s
+    # high from t=0: not before the readings cover up_after_s (6 s)
     assert _run(p, [(t, 10, 2) for t in range(0, 6)]) == []
     assert _run(_policy(), [(t, 10, 2) for t in range(0, 7)]) == [(6, "add", "backlog_high", 2)]
-    # a dip below the threshold restarts the clock
-    readings = [(0, 10, 2), (3, 10, 2), (4, 1, 2), (5, 10, 2), (10, 10, 2), (11, 10, 2)]
-    assert _run(_policy(), readings) == [(11, "add", "backlog_high", 2)]
+    # a sawtooth (a job's window refilling after each step) counts by its mean: 0/12 -> 6 >= 4
+    saw = [(t, 12 if t % 2 else 0, 2) for t in range(0, 7)]
+    assert _run(_policy(), saw) == [(6, "add", "backlog_high", 2)]
+    # one spike does not: 20 groups at one reading of seven is a mean of 2.9
+    spike = [(t, 20 if t == 3 else 0, 2) for t in range(0, 30)]
+    assert _run(_policy(), spike) == []
+    # no job: nothing to add for, whatever the files said last
+    assert _run(_policy(), [(t, 10, 0) for t in range(0, 7)]) == []
 
 
 def test_the_cool_down_allows_one_change_per_cooldown_s():
@@ -74,14 +79,15 @@ def test_out_of_bounds_is_corrected_at_once_and_a_change_in_progress_holds():
 
 
 def test_an_oscillating_backlog_never_flaps():
-    """A backlog swinging across both thresholds every 4 s: with 6 s to rise and 20 s to
-    fall it never triggers; and however it swings, changes stay a cool-down apart."""
-    p = _policy()
-    readings = [(t, 10 if (t // 4) % 2 else 0, 2) for t in range(0, 300)]
-    assert _run(p, readings, start=2) == []
+    """A backlog swinging every 4 s: between 0 and 6 its mean (3) lies between the thresholds
+    and nothing changes; between 0 and 10 (mean 5) one replica is added, after which the mean
+    per replica (2.5) lies between them again: one change, never back and forth. And with no
+    time to hold, changes still stay a cool-down apart."""
+    assert _run(_policy(), [(t, 6 if (t // 4) % 2 else 0, 2) for t in range(0, 300)], start=1) == []
+    changes = _run(_policy(), [(t, 10 if (t // 4) % 2 else 0, 2) for t in range(0, 300)], start=1)
+    assert [(c[1], c[2], c[3]) for c in changes] == [("add", "backlog_high", 2)]
     p = _policy(up_after_s=0, down_after_s=0, cooldown_s=15)
-    readings = [(t, 10 if (t // 3) % 2 else 0, 2) for t in range(0, 300)]
-    changes = _run(p, readings, start=2)
+    changes = _run(p, [(t, 10 if (t // 3) % 2 else 0, 2) for t in range(0, 300)], start=2)
     assert changes, "with no hysteresis time it does change"
     assert all(b[0] - a[0] >= 15 for a, b in zip(changes, changes[1:]))
 
