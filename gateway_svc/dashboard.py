@@ -3,7 +3,15 @@
 The page holds no data itself. Its script asks for the gateway token (``#token=...`` in the
 URL, or typed into the box; kept in the tab's ``sessionStorage``), then polls ``GET /v1/jobs``
 and, per job, ``/metrics?since=<last ts>``, ``/events`` and (when its logs are open)
-``/logs?service=..&tail=200`` every ``?interval=`` milliseconds (default 2000).
+``/logs?service=..&tail=200``, and ``GET /v1/fleets`` and, per fleet, ``/events?since=<last ts>``,
+every ``?interval=`` milliseconds (default 2000).
+
+Per fleet (docs/fleet.md; the panel is hidden while the gateway has none): its state, model
+and detail; the scaling block (replicas desired of min..max, the policy, the backlog and the
+backlog per replica, the trainer's wait, tokens/s, bounds asked for and not yet taken); a
+table of its replicas (phase, restarts, alive / ready) with a column per attached job giving
+the version that replica serves the job (or its report: refused, detached); and its last
+scaling decisions as lines ("12:03:04 add rollout-1 (backlog_high: 6.0 per replica)").
 
 Per job: its state, step and detail, its sample ledger and service restarts (when the job reports them); its weight
 plane (when reported): per replica the version it serves and its role (canary / promoted), the
@@ -21,7 +29,12 @@ data-auth=ok|refused|missing>``; each job card ``<section class="job" data-job-i
 data-state=...>``; the weight plane ``div.weights[data-mode=all|canary]`` with a
 ``span.replica[data-replica=... data-role=... data-version=...]`` per replica and
 ``li[data-kind=promoted|rejected|paused|resumed][data-version=...]`` per decision; each chart ``<svg data-metric=... data-points=N>`` with ``polyline
-data-line=<series>``; the hover box ``.tip``; the log box ``pre.log[data-service=...]``.
+data-line=<series>``; the hover box ``.tip``; the log box ``pre.log[data-service=...]``. Each
+fleet ``<section class="fleet" data-fleet=... data-state=...>`` with ``div.scaling[data-min
+data-max data-desired data-backlog-per-replica data-trainer-wait]``, a row ``tr.replica[data-replica
+data-phase data-restarts data-alive]`` per replica whose ``td.served[data-job data-state
+data-version]`` cells are the attached jobs (``th[data-job]`` heads the column), and
+``li.decision[data-action data-reason data-replicas]`` per scaling decision, oldest first.
 """
 
 DASHBOARD_HTML = r"""<!doctype html>
@@ -57,6 +70,21 @@ DASHBOARD_HTML = r"""<!doctype html>
   .events { font-size: .78rem; color: #444; margin: .5rem 0 0; padding-left: 1.1rem; }
   details.logs { margin-top: .5rem; font-size: .85rem; }
   pre.log { background: #1e1e1e; color: #ddd; font-size: .72rem; padding: .5rem; max-height: 16em; overflow: auto; margin: .3rem 0 0; }
+  #fleets > h2, #jobs > h2.panel { font-size: 1.05rem; margin: 0 0 .5rem; }
+  .fleet { background: #fff; border: 1px solid #cfd8e8; border-radius: 6px; padding: .8rem 1rem; margin-bottom: 1rem; }
+  .fleet h3 { font-size: 1rem; margin: 0 0 .4rem; display: flex; gap: .6rem; align-items: center; flex-wrap: wrap; }
+  .fleet .model { font-weight: normal; font-size: .8rem; color: #555; }
+  .state.ready { background: #d8f0d8; } .state.starting, .state.stopping { background: #fff0c0; }
+  .state.stopped { background: #e4e4e4; }
+  .scaling { font-size: .8rem; color: #333; margin-bottom: .4rem; font-variant-numeric: tabular-nums; }
+  table.replicas { border-collapse: collapse; font-size: .8rem; font-variant-numeric: tabular-nums; margin-bottom: .3rem; }
+  table.replicas th, table.replicas td { border-bottom: 1px solid #eee; padding: .15rem .6rem .15rem 0; text-align: left; }
+  table.replicas th { font-weight: 600; color: #444; }
+  tr.replica[data-phase="off"] { color: #999; } tr.replica[data-phase="starting"] td.phase { color: #8a5a00; }
+  tr.replica[data-phase="draining"] td.phase { color: #8a5a00; } tr.replica[data-phase="serving"] td.phase { color: #1a7a1a; }
+  td.served[data-state="refused"], td.served[data-state="failed"] { color: #b00; }
+  ul.decisions { font-size: .78rem; color: #444; margin: .3rem 0 0; padding-left: 1.1rem; font-variant-numeric: tabular-nums; }
+  li.decision[data-action="remove"] { color: #7a4a00; }
   #error { color: #b00; }
   #login { margin-bottom: 1rem; }
 </style>
@@ -66,6 +94,7 @@ DASHBOARD_HTML = r"""<!doctype html>
 <form id="login" hidden><label>gateway token <input id="token" type="password" autocomplete="off"></label>
 <button>show jobs</button></form>
 <p id="error" role="alert"></p>
+<div id="fleets" hidden><h2>fleets</h2></div>
 <div id="jobs"><p id="empty" hidden>no jobs yet</p></div>
 <script>
 "use strict";
@@ -84,6 +113,7 @@ DASHBOARD_HTML = r"""<!doctype html>
   let token = hash.get("token") || sessionStorage.getItem("meshrl_token") || "";
   const series = {};  // job id -> {since, points: [], lines: {metric: {name: [[ts, v]]}}}
   const colorOf = {};  // queue name -> colour, stable across redraws
+  const fleetEvents = {};  // fleet name -> {since, events: []} (its scaling decisions)
 
   function el(tag, attrs, text) {
     const svgTags = ["svg", "polyline", "text", "line", "circle", "rect", "g"];
@@ -128,8 +158,10 @@ DASHBOARD_HTML = r"""<!doctype html>
     document.getElementById("error").textContent = msg || "";
     if (state !== "ok") {
       document.getElementById("empty").hidden = true;
-      for (const s of document.querySelectorAll("section.job")) s.remove();
+      for (const s of document.querySelectorAll("section.job, section.fleet")) s.remove();
+      document.getElementById("fleets").hidden = true;
       for (const k of Object.keys(series)) delete series[k];
+      for (const k of Object.keys(fleetEvents)) delete fleetEvents[k];
     }
   }
 
@@ -340,6 +372,113 @@ DASHBOARD_HTML = r"""<!doctype html>
     box.replaceChildren(head, ...(decisions.length ? [list] : []));
   }
 
+  // A fleet: state, scaling block, replicas (phase, restarts) with the version each serves each
+  // attached job, and its last scaling decisions.
+  function fleetCard(f) {
+    let sec = document.querySelector('section.fleet[data-fleet="' + CSS.escape(f.name) + '"]');
+    if (!sec) {
+      sec = el("section", { class: "fleet", "data-fleet": f.name });
+      const h = el("h3", {}, "fleet " + f.name);
+      h.appendChild(el("span", { class: "state" }));
+      h.appendChild(el("span", { class: "model" }));
+      sec.appendChild(h);
+      sec.appendChild(el("div", { class: "detail" }));
+      sec.appendChild(el("div", { class: "scaling" }));
+      sec.appendChild(el("table", { class: "replicas" }));
+      sec.appendChild(el("ul", { class: "decisions" }));
+      document.getElementById("fleets").appendChild(sec);
+    }
+    sec.setAttribute("data-state", f.state);
+    const st = sec.querySelector(".state");
+    st.textContent = f.state;
+    st.className = "state " + f.state;
+    sec.querySelector(".model").textContent = (f.model || "") + (f.max_jobs ? "  ·  " + f.max_jobs + " adapter slot(s) per replica" : "");
+    const detail = sec.querySelector(".detail");
+    detail.textContent = f.detail || "";
+    detail.hidden = !f.detail;
+    scalingView(sec.querySelector(".scaling"), f.scaling);
+    replicaTable(sec.querySelector("table.replicas"), f);
+    return sec;
+  }
+
+  function scalingView(box, sc) {
+    box.hidden = !sc;
+    if (!sc) return;
+    const sig = sc.signals || {}, num = v => (typeof v === "number" ? v : null);
+    const per = num(sig.backlog_per_replica), wait = num(sig.trainer_wait);
+    box.dataset.min = String(sc.min); box.dataset.max = String(sc.max); box.dataset.desired = String(sc.desired);
+    box.dataset.backlogPerReplica = per === null ? "" : String(per);
+    box.dataset.trainerWait = wait === null ? "" : String(wait);
+    const parts = ["scaling: " + sc.desired + " replica(s) desired of " + sc.min + ".." + sc.max + (sc.policy ? " (" + sc.policy + ")" : "")];
+    if (num(sig.backlog) !== null) parts.push("backlog " + fmt(sig.backlog) + " group(s), " + (per === null ? "–" : per.toFixed(2)) + " per replica");
+    if (wait !== null) parts.push("trainer wait " + Math.round(wait * 100) + "%");
+    if (num(sig.jobs) !== null) parts.push(sig.jobs + " job(s)");
+    if (num(sig.tokens_per_s) !== null) parts.push(fmt(sig.tokens_per_s) + " tok/s");
+    if (num(sig.dropped_stale_per_s)) parts.push(fmt(sig.dropped_stale_per_s) + " stale drops/s");
+    const req = sc.requested;
+    if (req && (req.min !== sc.min || req.max !== sc.max)) parts.push("bounds " + req.min + ".." + req.max + " asked for");
+    box.textContent = parts.join("  ·  ");
+  }
+
+  function replicaTable(table, f) {
+    const jobs = Object.keys(f.jobs || {}).sort();
+    const head = el("tr", {});
+    for (const t of ["replica", "phase", "restarts", "process"]) head.appendChild(el("th", {}, t));
+    for (const j of jobs) head.appendChild(el("th", { "data-job": j }, j));
+    const rows = [head];
+    for (const [name, r] of Object.entries(f.replicas || {})) {
+      const phase = r.phase || (r.alive ? (r.ready ? "serving" : "starting") : "off");
+      const tr = el("tr", { class: "replica", "data-replica": name, "data-phase": phase, "data-restarts": String(r.restarts),
+                            "data-alive": String(!!r.alive) });
+      tr.appendChild(el("td", {}, name));
+      tr.appendChild(el("td", { class: "phase" }, phase));
+      tr.appendChild(el("td", { class: "restarts" }, String(r.restarts)));
+      tr.appendChild(el("td", { class: "proc" }, r.alive ? (r.ready ? "ready" : "alive") + (r.pid ? " (pid " + r.pid + ")" : "") : "–"));
+      for (const j of jobs) {
+        const rep = (f.jobs[j] || {})[name];
+        const v = rep && rep.served_version !== null && rep.served_version !== undefined ? String(rep.served_version) : "";
+        const text = !rep ? "–" : rep.state === "attached" ? (v ? "v" + v : "attached") : rep.state;
+        const td = el("td", { class: "served", "data-job": j, "data-state": rep ? rep.state : "", "data-version": v }, text);
+        if (rep && rep.detail) td.title = rep.detail;
+        tr.appendChild(td);
+      }
+      rows.push(tr);
+    }
+    table.replaceChildren(...rows);
+  }
+
+  // "12:03:04 add rollout-1 (backlog_high: 6.0 per replica)"
+  function decisionText(e) {
+    const per = (e.signals || {}).backlog_per_replica;
+    let why = e.reason;
+    if (e.reason === "backlog_high" || e.reason === "backlog_low") why += ": " + (typeof per === "number" ? per.toFixed(1) : "–") + " per replica";
+    else if (e.reason === "idle") why += ": no job attached";
+    else if (e.from !== null && e.from !== undefined) why += ": " + e.from + " -> " + e.to + " replica(s)";
+    return hms(e.ts) + " " + e.action + " " + ((e.replicas || []).join(", ") || "–") + " (" + why + ")";
+  }
+
+  async function pollFleets() {
+    const r = await fetch("/v1/fleets", { headers: { Authorization: "Bearer " + token } });
+    if (r.status === 404) { document.getElementById("fleets").hidden = true; return; }  // a gateway without fleets
+    if (r.status === 401) { setAuth("refused", "the gateway refused the token: enter the right one"); throw new Error("unauthorized"); }
+    if (!r.ok) throw new Error("/v1/fleets: HTTP " + r.status);
+    const { fleets } = await r.json();
+    document.getElementById("fleets").hidden = fleets.length === 0;
+    const names = new Set(fleets.map(f => f.name));
+    for (const s of document.querySelectorAll("section.fleet")) if (!names.has(s.dataset.fleet)) s.remove();
+    for (const f of fleets) {
+      const sec = fleetCard(f);
+      const fe = fleetEvents[f.name] = fleetEvents[f.name] || { since: 0, events: [] };
+      const got = await (await api("/v1/fleets/" + encodeURIComponent(f.name) + "/events?since=" + fe.since)).json();
+      const fresh = got.events.filter(e => e.ts > fe.since);
+      if (fresh.length) { fe.events.push(...fresh); fe.since = fresh[fresh.length - 1].ts; }
+      fe.events = fe.events.slice(-8);
+      sec.querySelector("ul.decisions").replaceChildren(...fe.events.map(e => el("li", {
+        class: "decision", "data-action": e.action, "data-reason": e.reason, "data-replicas": (e.replicas || []).join(","),
+      }, decisionText(e))));
+    }
+  }
+
   async function loadLog(jobId, sec) {
     const pick = sec.querySelector("details.logs select"), pre = sec.querySelector("pre.log");
     const service = pick.value || "job";
@@ -385,6 +524,7 @@ DASHBOARD_HTML = r"""<!doctype html>
           el("li", { "data-kind": e.kind }, hms(e.ts) + "  " + e.kind + (e.detail ? ": " + e.detail : ""))));
         if (sec.querySelector("details.logs").open) await loadLog(job.id, sec);
       }
+      await pollFleets();
       document.getElementById("error").textContent = "";
       document.body.dataset.polls = String(+document.body.dataset.polls + 1);
     } catch (e) {

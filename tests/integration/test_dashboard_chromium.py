@@ -2,7 +2,10 @@
 its charts (axes with ticks and units, rounded values, values on hover, a colour key for
 the queues, loss / KL / entropy / grad norm / validation score), the job's events and
 per-service logs, and pause / resume / cancel buttons that work; a wrong or missing token
-is a state of its own. Screenshots of each state are saved (``MESHRL_SCREENSHOTS`` names the
+is a state of its own. Its fleet panel shows an elastic fleet (the real fleet process with
+stand-in replicas, gateway_fake_fleet.py) growing on a job's backlog and shrinking on new
+bounds: replicas with phase and restarts, the version each serves the job, the scaling block
+and the decisions as lines. Screenshots of each state are saved (``MESHRL_SCREENSHOTS`` names the
 directory; default the test's tmp dir) for a look by eye."""
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.integration.dashboard_browser import HeadlessChromium
-from tests.integration.gateway_support import TOKEN, VALID_SPEC, auth, fake_launcher, running_gateway, wait_until
+from services.fleets import FleetDir
+from tests.integration.gateway_support import (
+    FAKE_FLEET, STANDIN_MODEL, TOKEN, VALID_SPEC, auth, fake_launcher, running_gateway, wait_until,
+)  # fmt: skip
 
 pytestmark = pytest.mark.timeout(240)
 SIG_DIGITS = re.compile(r"^-?(\d[\d,]*)(\.\d+)?( .*)?$")
@@ -48,6 +55,7 @@ def test_dashboard_shows_the_job_its_charts_events_logs_and_controls(tmp_path):
         assert page.eval(f"{card}.querySelector('h2').textContent").startswith(job_id)
         assert wait_until(lambda: page.eval(f"{card}.dataset.state") == "running", what="running state")
         assert page.eval("document.body.dataset.auth") == "ok"
+        assert page.eval("document.getElementById('fleets').hidden") is True  # no fleet: no panel
 
         def points(metric: str) -> int:
             return int(page.eval(f"{card}.querySelector('svg[data-metric=\"{metric}\"]').dataset.points"))
@@ -229,3 +237,90 @@ def test_dashboard_with_a_wrong_token_says_so_not_no_jobs(tmp_path):
         assert page.eval("document.getElementById('empty').hidden") is True
         assert "token" in page.eval("document.getElementById('error').textContent")
         page.close()
+
+
+FLEET = {"name": "elastic", "model": {"path": STANDIN_MODEL, "lora_rank": 8},
+         "rollout": {"prompt_length": 32, "response_length": 8}, "replicas": 1, "max_jobs": 2,
+         "scaling": {"min_replicas": 1, "max_replicas": 3, "interval_s": 0.2, "up_backlog": 4, "down_backlog": 1,
+                     "up_after_s": 0.3, "down_after_s": 600, "cooldown_s": 0.5}}  # fmt: skip
+FLEET_JOB = "arith-0f0f0f0f"
+DECISION = re.compile(r"^\d\d:\d\d:\d\d (add|remove) (\S+) \((.+)\)$")
+
+
+def test_dashboard_fleet_panel_shows_replicas_versions_scaling_and_decisions(tmp_path):
+    shots = _shots(tmp_path)
+    fleet_command = [sys.executable, str(FAKE_FLEET)]
+    with running_gateway(tmp_path, fake_launcher(), grpc=False, fleet_command=fleet_command) as gw, \
+            HeadlessChromium(tmp_path) as browser:  # fmt: skip
+        c = httpx.Client(base_url=gw.http_url, headers=auth(), timeout=10)
+        assert c.post("/v1/fleets", json={"spec": FLEET}).status_code == 201
+        page = browser.open(f"{gw.http_url}/dashboard?interval=200#token={TOKEN}")
+        page.set_width()
+        sec = "document.querySelector('section.fleet[data-fleet=\"elastic\"]')"
+        wait_until(lambda: page.eval(f"!!{sec} && {sec}.dataset.state") == "ready", timeout=30, what="the fleet ready")
+        assert page.eval("document.getElementById('fleets').hidden") is False
+
+        def rows() -> dict:
+            return page.eval(f"Object.fromEntries([...{sec}.querySelectorAll('tr.replica')].map(r => [r.dataset.replica, "
+                             "[r.dataset.phase, r.dataset.restarts, r.querySelector('td.phase').textContent, "
+                             "Object.fromEntries([...r.querySelectorAll('td.served')].map(td => [td.dataset.job, "
+                             "[td.dataset.state, td.dataset.version, td.textContent]]))]]))")  # fmt: skip
+
+        assert rows() == {"rollout-0": ["serving", "0", "serving", {}], "rollout-1": ["off", "0", "off", {}],
+                          "rollout-2": ["off", "0", "off", {}]}, rows()  # fmt: skip
+        assert page.eval(f"{sec}.querySelectorAll('li.decision').length") == 0
+
+        # a job with 6 groups waiting (its controller's load.json): the fleet adds rollout-1
+        fdir = FleetDir("elastic", gw.fleets.root)
+        fdir.attach(FLEET_JOB, {f"rollout-{i}": "x: 1\n" for i in range(3)}, "credential")
+
+        def busy(backlog: int = 6) -> None:
+            fdir.write_load(FLEET_JOB, {"prompts": backlog, "leased": 0, "trainer_wait_s": 0.0, "dropped_stale": 0,
+                                        "tokens_per_s": 10.0, "version": 2})  # fmt: skip
+
+        def shown(want: dict) -> bool:
+            busy()
+            return rows() == want
+
+        grown = {"rollout-0": ["serving", "0", "serving", {FLEET_JOB: ["attached", "2", "v2"]}],
+                 "rollout-1": ["serving", "0", "serving", {FLEET_JOB: ["attached", "2", "v2"]}],
+                 "rollout-2": ["off", "0", "off", {FLEET_JOB: ["", "", "–"]}]}  # fmt: skip
+        wait_until(lambda: shown(grown), timeout=40, what=f"rollout-1 serving the job at v2 on the page: {rows()}")
+        heads = page.eval(f"[...{sec}.querySelectorAll('table.replicas th[data-job]')].map(t => t.textContent)")
+        assert heads == [FLEET_JOB], heads
+        scaling = page.eval(f"Object.assign({{}}, {sec}.querySelector('.scaling').dataset)")
+        got = (scaling["min"], scaling["max"], scaling["desired"], scaling["backlogPerReplica"])
+        assert got == ("1", "3", "2", "3"), scaling
+        text = page.eval(f"{sec}.querySelector('.scaling').textContent")
+        assert text.startswith("scaling: 2 replica(s) desired of 1..3 (backlog)"), text
+        assert "backlog 6 group(s), 3.00 per replica" in text, text
+        assert "trainer wait 0%" in text and "1 job(s)" in text and "10 tok/s" in text, text
+        lines = page.eval(f"[...{sec}.querySelectorAll('li.decision')].map(li => li.textContent)")
+        assert len(lines) == 1, lines
+        assert DECISION.match(lines[0]).groups() == ("add", "rollout-1", "backlog_high: 6.0 per replica"), lines
+        page.screenshot(shots / "dashboard-fleet-grown.png")
+
+        # new bounds (1..1): the fleet drains rollout-1; the page shows it off and the decision
+        assert c.patch("/v1/fleets/elastic", json={"max_replicas": 1}).status_code == 200
+        wait_until(lambda: page.eval(f"{sec}.querySelector('.scaling').textContent").endswith("bounds 1..1 asked for")
+                   or rows()["rollout-1"][0] in ("draining", "off"), what="the new bounds on the page")  # fmt: skip
+        shrunk = {**grown, "rollout-1": ["off", "0", "off", {FLEET_JOB: ["detached", "", "detached"]}]}
+        wait_until(lambda: shown(shrunk), timeout=40, what=f"rollout-1 drained on the page: {rows()}")
+        lines = page.eval(f"[...{sec}.querySelectorAll('li.decision')]"
+                          ".map(li => [li.dataset.action, li.dataset.reason, li.textContent])")  # fmt: skip
+        assert [ln[:2] for ln in lines] == [["add", "backlog_high"], ["remove", "above_max"]], lines
+        assert DECISION.match(lines[1][2]).groups() == ("remove", "rollout-1", "above_max: 2 -> 1 replica(s)"), lines
+        assert page.eval(f"{sec}.querySelector('.scaling').dataset.max") == "1"
+        assert page.eval("document.getElementById('error').textContent") == ""
+        page.screenshot(shots / "dashboard-fleet-shrunk.png")
+
+        # stopped: every replica off, the decisions kept
+        fdir.detach(FLEET_JOB)
+        assert c.delete("/v1/fleets/elastic").json()["state"] == "stopped"
+        wait_until(lambda: page.eval(f"{sec}.dataset.state") == "stopped", what="stopped on the page")
+        wait_until(lambda: {r[0] for r in rows().values()} == {"off"}, what="every replica off")
+        assert page.eval(f"{sec}.querySelectorAll('li.decision').length") == 2
+        c.close()
+        page.close()
+    for name in ("dashboard-fleet-grown.png", "dashboard-fleet-shrunk.png"):
+        assert (shots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
