@@ -53,9 +53,11 @@ class ServiceActor:
         return {"ip": ip, "node_id": node_id, "hostname": socket.gethostname(),
                 "actor_pid": os.getpid(), "ports": [free_port(ip) for _ in range(int(ports))]}
 
-    def start(self, module: str, view_yaml: str, view_path: str, log_path: str, env: dict[str, str]) -> dict[str, Any]:
-        """Write the view and start ``python -m module --config view_path --id name`` here,
-        output appended to ``log_path`` (both on this node; the same path on shared storage)."""
+    def start(self, module: str, view_yaml: str, view_path: str, log_path: str, env: dict[str, str],
+              args: list[str] | None = None) -> dict[str, Any]:
+        """Write the view and start ``python -m module --config view_path --id name [args...]``
+        here, output appended to ``log_path`` (both on this node; the same path on shared
+        storage). ``args``: more arguments (a fleet replica's ``--fleet-dir DIR --adapter-slots K``)."""
         with self._lock:
             if self.proc is not None and self.proc.poll() is None:
                 raise RuntimeError(f"{self.name} is already running (pid {self.proc.pid})")
@@ -77,7 +79,7 @@ class ServiceActor:
                     # kernel that shares the CPU between sessions first (autogroup) the service competes
                     # as a process started on the node by hand would, not as a session of its own
                     self.proc = subprocess.Popen(
-                        [sys.executable, "-m", module, "--config", str(view), "--id", self.name],
+                        [sys.executable, "-m", module, "--config", str(view), "--id", self.name, *(args or ())],
                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         env=dict(os.environ, PYTHONUNBUFFERED="1", **env), process_group=0,
                     )  # fmt: skip

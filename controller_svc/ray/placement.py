@@ -27,6 +27,10 @@ Only *where a service process runs* changes:
   bundle, which Ray places again (on another node when the bundle's node is gone and
   another has the resources).
 
+A set of instances that grows and shrinks (a fleet's replicas, ``fleet_svc``) uses
+:class:`InstanceGroups` instead of one group: a placement group per instance, created when it
+starts and removed when it stops for good, so only running instances hold resources.
+
 A service process must not outlive its actor (a node's raylet dying kills the actor's
 worker, not the processes it started): each service runs in a process group of its own,
 watched by a small guard process (``python -m controller_svc.ray.guard``) that
@@ -45,7 +49,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from controller_svc.ray.actor import ServiceActor
 from services.procs import ServiceFailed, log_tail
@@ -206,12 +210,17 @@ class RayPlacement:
 
         bundle = self.bundles[self.index[name]]
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        pg, index = self._group_of(name)
         return self._actor_cls.options(
             name=f"meshrl-{self.tag}-{name}-{uuid.uuid4().hex[:6]}", namespace=self.cfg.namespace,
             num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), resources=custom or None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=self.index[name]),
+                placement_group=pg, placement_group_bundle_index=index),
         ).remote(name)  # fmt: skip
+
+    def _group_of(self, name: str) -> tuple[Any, int]:
+        """The placement group and bundle index of instance ``name``."""
+        return self.pg, self.index[name]
 
     def release(self) -> None:
         if self.ray is None:
@@ -228,6 +237,77 @@ class RayPlacement:
             self.ray.shutdown()
 
 
+class InstanceGroups(RayPlacement):
+    """A placement group per instance, created when the instance starts and removed when it
+    stops for good (:meth:`release_instance`): for a set of instances that grows and shrinks
+    (a fleet's replicas, ``fleet_svc``), which holds the cluster's resources only for the
+    instances it runs. Nothing is reserved up front: an instance's actor waits for its group,
+    and :meth:`RayServiceProcess.wait_ready` fails it after ``placement_timeout_s``, naming
+    its bundle. A restarted instance gets a new actor in the group it has.
+
+    ``cfg``: ``placement_timeout_s``, ``namespace``, ``address`` (a job spec's
+    ``services.ray``); ``bundles``: each instance's request (``CPU``, ``GPU``, custom);
+    ``selectors``: node label selectors, by instance."""
+
+    def __init__(self, cfg: Any, tag: str, bundles: dict[str, dict[str, float]],
+                 selectors: dict[str, dict[str, str]] | None = None) -> None:
+        import threading
+
+        self.spec = None
+        self.cfg = cfg
+        self.names = list(bundles)
+        self.bundles = [dict(bundles[n]) for n in self.names]
+        self.selectors = [dict((selectors or {}).get(n) or {}) for n in self.names]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.pg = None
+        self.groups: dict[str, Any] = {}
+        self.ray = None
+        self.tag = f"{tag}-{uuid.uuid4().hex[:8]}"
+        self._actor_cls = None
+        self._lock = threading.Lock()
+
+    def reserve(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Nothing to reserve up front (each instance's group comes with its start)."""
+
+    def _group_of(self, name: str) -> tuple[Any, int]:
+        from ray.util.placement_group import placement_group
+
+        with self._lock:
+            pg = self.groups.get(name)
+            if pg is None:
+                i = self.index[name]
+                sel = self.selectors[i]
+                labels = {"bundle_label_selector": [sel]} if sel else {}
+                try:
+                    pg = placement_group([self.bundles[i]], strategy="PACK", name=f"meshrl-{self.tag}-{name}", **labels)
+                except TypeError:  # a Ray without label selectors for placement group bundles
+                    raise ServiceFailed(f"{name}: ray labels: this Ray ({self.ray.__version__}) cannot place by "
+                                        "node labels; use resources, or Ray >= 2.49") from None
+                except ValueError as exc:  # Ray's own check of the selectors
+                    raise ServiceFailed(f"{name}: ray labels: Ray refuses them: {exc}") from None
+                self.groups[name] = pg
+        return pg, 0
+
+    def release_instance(self, name: str) -> None:
+        """Remove instance ``name``'s group (its actor ended first): its resources go back to the cluster."""
+        with self._lock:
+            pg = self.groups.pop(name, None)
+        if pg is not None:
+            try:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001 - the cluster may be gone already
+                pass
+
+    def release(self) -> None:
+        if self.ray is None:
+            return
+        for name in list(self.groups):
+            self.release_instance(name)
+        self.ray.shutdown()
+
+
 class RayServiceProcess:
     """One service instance run by a :class:`ServiceActor`; the controller's handle, with
     the interface of :class:`~services.procs.ServiceProcess`.
@@ -236,8 +316,9 @@ class RayServiceProcess:
     :meth:`ServiceActor.node` reported: ``ip``, ``node_id``, free ``ports`` there)."""
 
     def __init__(self, name: str, placement: RayPlacement, render: Callable[[dict[str, Any]], str], view_path: Path,
-                 log_path: Path, env: dict[str, str]) -> None:
+                 log_path: Path, env: dict[str, str], args: Sequence[str] = ()) -> None:
         self.name = name
+        self.args = list(args)  # after ``--config VIEW --id NAME`` (a fleet replica's --fleet-dir, --adapter-slots)
         self.placement = placement
         self.render = render
         self.view_path = view_path
@@ -279,8 +360,9 @@ class RayServiceProcess:
             deadline = time.monotonic() + timeout
             view = self.render(node)
             module = MODULES[service_kind(self.name)]
+            more = (self.args,) if self.args else ()
             started = self._call(self.actor.start.remote(module, view, str(self.view_path), str(self.log_path),
-                                                         self.env), deadline, should_stop, "started")
+                                                         self.env, *more), deadline, should_stop, "started")
             if started is None:
                 return None
             self._pid = int(started["pid"])

@@ -27,17 +27,38 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from services.config.base import StrictModel
-from services.config.job import CPUS_HELP, FLEET_NAME, CpuList, Device, ModelConfig
+from services.config.job import CPUS_HELP, FLEET_NAME, CpuList, Device, ModelConfig, RayLauncherConfig, RayRequest
 from services.config.lora import vllm_max_lora_rank
 from services.config.restart import RestartConfig
 from services.config.rollout import RolloutConfig
 
 NAME_PATTERN = FLEET_NAME  # a directory and a metric label
+
+
+class FleetRayConfig(RayLauncherConfig):
+    """``services.ray`` of a fleet with ``services.launcher: ray``: the job spec's Ray block
+    (the cluster, the placement timeout, the namespace) and what each replica asks Ray for.
+    Each replica has a placement group of its own (one bundle), created when it starts and
+    removed when it is drained, so ``strategy`` has nothing to arrange: only ``PACK`` (the
+    default) is accepted; spread replicas over nodes with ``replica.resources`` or ``replica.labels``."""
+
+    replica: RayRequest = Field(default_factory=RayRequest, description="what each replica asks Ray for (its "
+                                "placement group's one bundle): num_cpus (default: the length of services.cpus, "
+                                "else 1), custom resources, node labels; a cuda replica also asks one GPU")
+
+    @field_validator("strategy")
+    @classmethod
+    def _one_bundle(cls, v: str) -> str:
+        if v != "PACK":
+            raise ValueError(f"services.ray.strategy={v}: a fleet places each replica in a placement group of its own "
+                             "(one bundle), so there is nothing to pack or spread; place replicas with "
+                             "services.ray.replica.resources or services.ray.replica.labels")
+        return v
 
 
 class FleetResources(StrictModel):
@@ -48,6 +69,12 @@ class FleetResources(StrictModel):
     cpus: CpuList = Field(None, description=CPUS_HELP + "; shared by the fleet's replicas")
     metrics_port: int = Field(0, ge=0, le=65535, description="the fleet process's /metrics (replicas, backlog, "
                               "scaling decisions); 0 picks a free one (in fleet.json)")
+    launcher: Literal["local", "ray"] = Field(
+        "local", description="where the replicas run: local = child processes of the fleet's process; ray = one Ray "
+        "actor per replica on a Ray cluster (services.ray; the fleet's process is the Ray driver; docs/fleet.md, "
+        "'On Ray')")
+    ray: FleetRayConfig = Field(default_factory=FleetRayConfig, description="the Ray cluster and what each replica "
+                                "asks it for (services.launcher=ray)")
 
 
 class FleetScaling(StrictModel):
