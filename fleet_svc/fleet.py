@@ -22,6 +22,26 @@ on the fleet's ``/metrics``.
 The fleet stops on SIGTERM/SIGINT or when its directory holds a ``stop`` request
 (``meshrl fleet stop``): every replica gets SIGTERM (it stops leasing, returns or delivers what
 it holds for each job, and exits), then the state file says ``stopped``.
+
+With ``services.launcher: ray`` the fleet's process is the Ray driver (``services.ray.address``)
+and each replica runs in a Ray actor (:class:`~controller_svc.ray.placement.RayServiceProcess`,
+the handle a job's controller has of its Ray services: ``start``, ``wait_ready``,
+``returncode``, ``signal``, ``stop``), which starts the same command on its node. Each replica
+has a placement group of its own (:class:`~controller_svc.ray.placement.InstanceGroups`: one
+bundle, ``services.ray.replica``), created when the replica starts and removed when it is
+drained or the fleet stops; a restart reuses it. Not one group with a bundle per possible
+replica (``max_replicas``): that would hold the cluster's CPUs and GPUs for replicas the
+fleet drained, which scaling down is there to give back, and would keep a fleet from
+starting on a cluster that has room for ``min_replicas`` only. So a replica that joins may
+wait for room: past ``services.ray.placement_timeout_s`` its join fails (the replica is
+``off`` again, its group removed) and the policy may try again after its cool-down. Scaling is
+otherwise the same: a join starts an actor, a drain SIGTERMs the replica through its actor
+and waits (SIGKILL after ``scaling.drain_timeout_s``), a dead actor (its process or its node
+gone) is an exit (code -9) the supervisor restarts. The replica's view is rendered for the
+node its actor landed on (its servers bind the node's IP, its metrics port one free there,
+the same again when it comes back to that node); it reads the fleet's directory at the same
+path as the fleet's process, so on a multi-node cluster that path must be on a filesystem
+every node shares.
 """
 
 from __future__ import annotations
@@ -36,7 +56,7 @@ from typing import Any, Callable
 
 from fleet_svc.scaling import BacklogPolicy, Decision, ScalingPolicy, SignalReader, job_load
 from services.config.fleet import FleetSpec
-from services.config.views import RolloutProcess, RolloutView, write_view
+from services.config.views import RolloutProcess, RolloutView, dump_view, write_view
 from services.fleets import FleetDir
 from services.metrics.scrape import http_get
 from services.net import PortReservations
@@ -72,6 +92,10 @@ class Fleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._detail = ""  # why the fleet failed, for its state file
+        self.on_ray = spec.services.launcher == "ray"
+        self.placement: Any = None  # services.launcher=ray: the replicas' placement groups (InstanceGroups)
+        self._views: dict[str, RolloutView] = {}
+        self._node_ports: dict[tuple[str, str], int] = {}  # (replica, Ray node) -> its metrics port there
 
     # ------------------------------------------------------------------ setup
 
@@ -81,18 +105,80 @@ class Fleet:
         s = self.spec
         out = {}
         for name in self.names:
+            # on Ray: the host and port of the node the replica lands on (_render)
+            port = 0 if self.on_ray else self.ports.take(s.services.host)
             res = RolloutProcess(device=s.services.device, cpus=s.services.cpus, host=s.services.host,
-                                 metrics_port=self.ports.take(s.services.host))
-            view = RolloutView(model=s.model, rollout=s.rollout, resources=res)
+                                 metrics_port=port)
+            view = self._views[name] = RolloutView(model=s.model, rollout=s.rollout, resources=res)
             out[name] = write_view(view, self.fdir.path / "config" / f"{name}.yaml")
         return out
+
+    def _render(self, name: str, node: dict[str, Any]) -> str:
+        """The view of replica ``name`` for the Ray node its actor landed on: its servers bind
+        the node's IP, its metrics port is one free there (the same one when it comes back to
+        that node)."""
+        view = self._views[name]
+        port = self._node_ports.setdefault((name, node["node_id"]), int(node["ports"][0]))
+        res = view.resources.model_copy(update={"host": node["ip"], "metrics_port": port})
+        return dump_view(view.model_copy(update={"resources": res}))
+
+    def _connect(self) -> None:
+        """Connect to the Ray cluster as its driver (services.launcher=ray); the replicas'
+        placement groups come with their starts. Ray's driver takes SIGTERM for itself: the
+        fleet's handlers are put back."""
+        from controller_svc.ray.placement import InstanceGroups
+
+        s = self.spec
+        bundle: dict[str, float] = {"CPU": self._replica_cpus()}
+        if s.services.device == "cuda":
+            bundle["GPU"] = 1.0
+        bundle.update({k: float(v) for k, v in s.services.ray.replica.resources.items()})
+        bundle = {k: v for k, v in bundle.items() if v > 0}
+        labels = dict(s.services.ray.replica.labels)
+        self.placement = InstanceGroups(s.services.ray, f"fleet-{s.name}", {n: bundle for n in self.names},
+                                        {n: labels for n in self.names})
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.placement.connect()
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                for sig, handler in handlers.items():
+                    if handler is not None:
+                        signal.signal(sig, handler)
+        self._log(f"meshrl fleet: Ray cluster at {self.placement.address}; each replica in a placement group of "
+                  f"its own {bundle}")
+
+    def _replica_cpus(self) -> float:
+        from services.placement import parse_cpu_list
+
+        s = self.spec.services
+        if s.ray.replica.num_cpus is not None:
+            return float(s.ray.replica.num_cpus)
+        return float(len(parse_cpu_list(s.cpus))) if s.cpus else 1.0
 
     def _process(self, name: str, view: Path) -> ServiceProcess:
         kv = self.spec.rollout.kv_cache_space_gib
         env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": str(int(max(1, kv or 1)))}
-        argv = python_module_argv("rollout_svc", "--config", str(view), "--id", name, "--fleet-dir",
-                                  str(self.fdir.path), "--adapter-slots", str(self.spec.max_jobs))
+        args = ["--fleet-dir", str(self.fdir.path), "--adapter-slots", str(self.spec.max_jobs)]
+        if self.placement is not None:
+            from controller_svc.ray.placement import RayServiceProcess
+
+            return RayServiceProcess(name, self.placement, lambda node: self._render(name, node), view,
+                                     self.fdir.log_file(name), env, args=args)
+        argv = python_module_argv("rollout_svc", "--config", str(view), "--id", name, *args)
         return ServiceProcess(name, argv, self.fdir.log_file(name), env=env)
+
+    def _kill_adopted(self) -> None:
+        """Kill what a dead local replica left behind (its vLLM engine processes, adopted by
+        this subreaper). On Ray nothing of a replica is this process's: its actor's stop
+        and guard end its process group on its node."""
+        if not self.on_ray:
+            kill_adopted(exclude={q.proc.pid for q in self.procs.values() if q.proc and q.returncode is None})
+
+    def _release(self, name: str) -> None:
+        """Give replica ``name``'s placement group back to the Ray cluster (a drain, a failed join)."""
+        if self.placement is not None:
+            self.placement.release_instance(name)
 
     # ------------------------------------------------------------------ run
 
@@ -109,12 +195,22 @@ class Fleet:
 
         self.fdir.create(dump_model(self.spec))
         views = self.views()
-        for name in self.names:
-            self.procs[name] = self._process(name, views[name])
         self.http = self.metrics.serve(self.spec.services.host, self.spec.services.metrics_port, self.status)
         first = self.names[:self.spec.replicas]
         for name in first:
             self.phase[name] = "starting"
+        if self.on_ray:
+            try:
+                self._connect()
+            except ServiceFailed as exc:
+                self._log(f"meshrl fleet: {exc}")
+                self.phase = {n: "off" for n in self.names}
+                self._stop_all()
+                self._state("failed", detail=str(exc).splitlines()[0])
+                self._log("meshrl fleet: failed")
+                return 1
+        for name in self.names:
+            self.procs[name] = self._process(name, views[name])
         self._state("starting")
         lo, hi = self.bounds
         self._log(f"meshrl fleet: fleet {self.spec.name!r} ({len(first)} replica(s)"
@@ -159,8 +255,9 @@ class Fleet:
                         self._restart(p)
                     continue
                 if p.returncode is not None:
-                    decision = self.sup.exited(name, f"exited with code {p.returncode}", now)
-                    kill_adopted(exclude={q.proc.pid for q in self.procs.values() if q.proc and q.returncode is None})
+                    decision = self.sup.exited(name, f"exited with code {p.returncode}"
+                                               + (f" ({p.kill_reason})" if self.on_ray and p.kill_reason else ""), now)
+                    self._kill_adopted()
                     if decision.action == "fail":
                         self._detail = decision.reason
                         self._log(f"meshrl fleet: {decision.reason}")
@@ -252,13 +349,16 @@ class Fleet:
         each at the job's current version before leasing: rollout_svc/fleet_member.py)."""
         p = self.procs[name]
         p.kill_reason = ""
-        p.start()
         try:
+            p.start()
             p.wait_ready(self.spec.rollout.engine_startup_timeout_s, self.stopping)
         except ServiceFailed as exc:
             self._log(f"meshrl fleet: {name} failed to start: {str(exc).splitlines()[0]}")
             if p.returncode is None:
                 p.signal(signal.SIGKILL)
+            if self.on_ray:
+                p.stop(grace=0.0)  # its actor, if any, ends
+                self._release(name)
             with self._lock:
                 self.phase[name] = "off"
             return
@@ -274,18 +374,22 @@ class Fleet:
         """Stop replica ``name``: SIGTERM (it stops leasing, delivers or returns what it holds
         for each job, and exits), SIGKILL after ``scaling.drain_timeout_s``."""
         p = self.procs[name]
-        code = p.stop(grace=self.spec.scaling.drain_timeout_s) if p.returncode is None else p.returncode
-        kill_adopted(exclude={q.proc.pid for q in self.procs.values() if q.proc and q.returncode is None})
+        if self.on_ray:  # through its actor, which then ends (also when the replica exited already)
+            code = p.stop(grace=self.spec.scaling.drain_timeout_s)
+            self._release(name)
+        else:
+            code = p.stop(grace=self.spec.scaling.drain_timeout_s) if p.returncode is None else p.returncode
+        self._kill_adopted()
         with self._lock:
             self.phase[name] = "off"
         self._log(f"meshrl fleet: {name} drained (exit code {code})")
         self._state("ready")
 
-    def _restart(self, p: ServiceProcess) -> None:
+    def _restart(self, p: Any) -> None:
         self.restart_at.pop(p.name, None)
         p.kill_reason = ""
-        p.start()
         try:
+            p.start()
             p.wait_ready(self.spec.rollout.engine_startup_timeout_s, self.stopping)
         except ServiceFailed as exc:
             self._log(f"meshrl fleet: {p.name} failed to come back: {str(exc).splitlines()[0]}")
@@ -311,18 +415,23 @@ class Fleet:
                 p.signal(signal.SIGKILL)
 
     def _stop_all(self) -> None:
-        live = [p for p in self.procs.values() if p.returncode is None and p.proc is not None]
+        live = [p for p in self.procs.values() if p.returncode is None and _started(p)]
         for p in live:
             p.signal(signal.SIGCONT)
             p.signal(signal.SIGTERM)
-        threads = [threading.Thread(target=p.stop, kwargs={"grace": 30.0}) for p in live]
+        # on Ray also the actors of replicas that exited (a stop ends the actor)
+        ending = [p for p in self.procs.values() if _started(p)] if self.on_ray else live
+        threads = [threading.Thread(target=p.stop, kwargs={"grace": 30.0}) for p in ending]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         for t in list(self._changes.values()):
             t.join(timeout=5.0)
-        kill_adopted()
+        if self.placement is not None:
+            self.placement.release()  # every replica's group, and the connection
+        else:
+            kill_adopted()
         self.ports.close()
         if getattr(self, "http", None) is not None:
             self.http.stop()
@@ -334,10 +443,10 @@ class Fleet:
     def _state(self, state: str, **extra: Any) -> None:
         with self._lock:
             phase = dict(self.phase)
-        replicas = {name: {"phase": phase[name], "alive": p.returncode is None and p.proc is not None,
+        replicas = {name: {"phase": phase[name], "alive": p.returncode is None and _started(p),
                            "ready": p.ready is not None, "restarts": self.sup.restarts().get(name, 0),
                            "metrics": p.url("metrics") if p.ready is not None and p.returncode is None else None,
-                           "pid": p.proc.pid if p.proc is not None else None}
+                           "pid": _pid(p), **({"node": p.node} if getattr(p, "node", None) else {})}
                     for name, p in self.procs.items()}
         lo, hi = self.bounds
         scaling = {"min": lo, "max": hi, "desired": sum(ph in ("starting", "serving") for ph in phase.values()),
@@ -346,6 +455,17 @@ class Fleet:
         self.fdir.write_state(state, self.names, members=replicas, model=self.spec.model.path,
                               max_jobs=self.spec.max_jobs, max_lora_rank=self.spec.max_lora_rank,
                               jobs=sorted(self.fdir.attached()), scaling=scaling, metrics=metrics, **extra)
+
+
+def _started(p: Any) -> bool:
+    """A replica with a process (local) or an actor (Ray) of its own now."""
+    return getattr(p, "proc", None) is not None or getattr(p, "actor", None) is not None
+
+
+def _pid(p: Any) -> int | None:
+    """A replica's pid (on its node, for a Ray actor's replica)."""
+    proc = getattr(p, "proc", None)
+    return proc.pid if proc is not None else getattr(p, "pid", None)
 
 
 class FleetMetrics:
