@@ -17,8 +17,9 @@ serving replica (not generated yet: queued, or leased and generating), averaged 
 ``down_after_s`` is at or below ``down_backlog`` (and the trainers did not wait for samples
 most of that time); and goes back to ``min_replicas`` at once when no job has been attached
 for ``down_after_s``. Hysteresis is the gap between the two thresholds and the time each
-must hold; the cool-down allows at most one change per ``cooldown_s``; while a replica
-starts or drains it holds.
+must hold; the cool-down allows at most one change per ``cooldown_s``, counted from the
+moment the last change was done (a replica serving, or gone): while a replica starts or
+drains the policy holds and forgets the readings, whose meaning the change alters.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class BacklogPolicy(ScalingPolicy):
             self._seen.popleft()  # keep one reading at or before the longest window's start
         self._idle_since = _since(self._idle_since, s.jobs == 0, now)
         total = s.serving + s.changing
-        if s.changing:
+        if s.changing:  # the cool-down and the windows count from the moment the change is done
+            self.changed(now)
             return Decision("hold", "a replica is starting or draining")
         if total < lo:
             return Decision("add", "below_min", lo - total)

@@ -77,6 +77,17 @@ def test_out_of_bounds_is_corrected_at_once_and_a_change_in_progress_holds():
     d = p.decide(FleetSignals(now=0, serving=1, changing=1, jobs=3, backlog=100), 1, 3)
     assert d.action == "hold" and "starting or draining" in d.reason
 
+    # the cool-down counts from the end of a change: a replica that took 60 s to start is not
+    # drained the moment it serves, on readings taken while it started
+    p = _policy(up_after_s=0, down_after_s=5, cooldown_s=10)
+    assert p.decide(FleetSignals(now=0, serving=1, jobs=1, backlog=100), 1, 3).action == "add"
+    p.changed(0)
+    for t in range(1, 60):
+        assert p.decide(FleetSignals(now=t, serving=1, changing=1, jobs=1, backlog=0), 1, 3).action == "hold"
+    held = [p.decide(FleetSignals(now=t, serving=2, jobs=1, backlog=0), 1, 3) for t in range(60, 69)]
+    assert all(d.action == "hold" for d in held)
+    assert p.decide(FleetSignals(now=70, serving=2, jobs=1, backlog=0), 1, 3).reason == "backlog_low"
+
 
 def test_an_oscillating_backlog_never_flaps():
     """A backlog swinging every 4 s: between 0 and 6 its mean (3) lies between the thresholds
