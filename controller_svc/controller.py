@@ -28,7 +28,7 @@ from typing import Any
 from services import auth
 from services.data.feed_position import fed_count, fed_uids_of
 from controller_svc.broker_host import BrokerThread
-from controller_svc.fleet_attach import feed_early
+from controller_svc.fleet_attach import feed_early, trainer_wait_s, write_load
 from controller_svc.job_status import StatusBoard
 from services.ledger import Ledger, audit
 from controller_svc.mesh import ServiceMesh
@@ -241,7 +241,9 @@ class JobController:
                     self._read_fed()
                     await self._broker_ledger()
                     board.queues = await self._depths(watched)
-                    self._tell_fleet(board.queues)
+                    if mesh.attachment is not None:  # a job on a fleet: its load, what the fleet scales on
+                        write_load(mesh, self._scrapes, board.queues, self._trainer_wait,
+                                   self.ledger.counts().get("dropped_stale", 0))
                     self._check_stall()
                     board.write()
                 elif self.history.grown():  # a step ended: read it now, so its validation round starts now
@@ -261,14 +263,6 @@ class JobController:
             await prompts.close()
             for q in watched.values():
                 await q.close()
-
-    def _tell_fleet(self, depths: dict[str, int]) -> None:
-        """A job on a fleet: its load into the fleet's directory (what the fleet scales on)."""
-        if self.mesh.attachment is None:
-            return
-        from controller_svc.fleet_attach import write_load
-
-        write_load(self.mesh, self._scrapes, depths, self._trainer_wait, self.ledger.counts().get("dropped_stale", 0))
 
     def _on_exit(self, name: str) -> None:
         if name == "trainer":
@@ -313,8 +307,6 @@ class JobController:
         for name, (status, body) in zip(urls, got_all):
             got = parse_metrics(body) if status == 200 else {}
             if name == "trainer" and status == 200 and self.mesh.attachment is not None:
-                from controller_svc.fleet_attach import trainer_wait_s
-
                 self._trainer_wait = trainer_wait_s(body)
             self.ledger.observe(name, got, incarnation=self.sup.restarts().get(name, 0))
             self._scrapes[name] = got

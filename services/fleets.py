@@ -55,7 +55,85 @@ def fleets_root(root: str | os.PathLike | None = None) -> Path:
     return Path(env) if env else Path.home() / ".meshrl" / "fleets"
 
 
-class FleetDir:
+class ScalingFiles:
+    """The files of a fleet's scaling (part of :class:`FleetDir`): the jobs' loads, the
+    fleet's decisions, the operator's bounds, the replicas' own heartbeats."""
+
+    path: Path  # (and FleetDir's job_dir, attached)
+
+    def load_file(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "load.json"
+
+    @property
+    def events_file(self) -> Path:
+        return self.path / "events.jsonl"
+
+    def write_load(self, job_id: str, load: dict[str, Any]) -> bool:
+        """The job's controller: its load now (``jobs/<job_id>/load.json``); False (nothing
+        written) once the job is no longer attached (its directory is never made again here)."""
+        if not self.job_dir(job_id).is_dir():
+            return False
+        try:
+            write_private_whole(self.load_file(job_id), json.dumps({**load, "time": time.time()}))
+        except FileNotFoundError:  # detached meanwhile
+            return False
+        return True
+
+    def loads(self) -> dict[str, dict[str, Any] | None]:
+        """Every attached job's last load (None: not written yet, or unreadable)."""
+        return {job: read_json(self.load_file(job)) for job in self.attached()}
+
+    @property
+    def bounds_file(self) -> Path:
+        return self.path / "bounds.json"
+
+    def request_bounds(self, lo: int, hi: int) -> None:
+        """The operator: run between ``lo`` and ``hi`` replicas from now on."""
+        write_private_whole(self.bounds_file, json.dumps({"min": int(lo), "max": int(hi), "time": time.time()}))
+
+    def requested_bounds(self) -> tuple[int, int] | None:
+        data = read_json(self.bounds_file)
+        try:
+            return (int(data["min"]), int(data["max"])) if data else None
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Append one scaling event (``events.jsonl``, 0600)."""
+        fd = os.open(self.events_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(json.dumps({"time": time.time(), **event}) + "\n")
+
+    def events(self, limit: int = 200) -> list[dict[str, Any]]:
+        """The fleet's last ``limit`` scaling events, oldest first."""
+        try:
+            lines = self.events_file.read_text().splitlines()[-limit:]
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def heartbeat(self, replica: str, phase: str, **extra: Any) -> None:
+        """A replica: it is alive, in ``phase`` (``members/<replica>/_replica.json``)."""
+        write_json(self.path / "members" / replica / "_replica.json",
+                   {"phase": phase, "pid": os.getpid(), "time": time.time(), **extra})
+
+    def heartbeats(self) -> dict[str, dict[str, Any]]:
+        """Every replica's last heartbeat: ``{replica: {"phase", "pid", "time", ...}}``."""
+        out = {}
+        for f in sorted((self.path / "members").glob("*/_replica.json")):
+            data = read_json(f)
+            if data is not None:
+                out[f.parent.name] = data
+        return out
+
+
+class FleetDir(ScalingFiles):
     """The directory of fleet ``name`` under ``root`` (see module doc)."""
 
     def __init__(self, name: str, root: str | os.PathLike | None = None) -> None:
@@ -89,13 +167,6 @@ class FleetDir:
 
     def job_credential(self, job_id: str) -> Path:
         return self.job_dir(job_id) / "job.credential"
-
-    def load_file(self, job_id: str) -> Path:
-        return self.job_dir(job_id) / "load.json"
-
-    @property
-    def events_file(self) -> Path:
-        return self.path / "events.jsonl"
 
     def member_file(self, replica: str, job_id: str) -> Path:
         return self.path / "members" / replica / f"{job_id}.json"
@@ -171,74 +242,10 @@ class FleetDir:
             return []
         return sorted(p.name for p in self.jobs_dir.iterdir() if p.is_dir() and JOB_ID.fullmatch(p.name))
 
-    def write_load(self, job_id: str, load: dict[str, Any]) -> bool:
-        """The job's controller: its load now (``jobs/<job_id>/load.json``); False (nothing
-        written) once the job is no longer attached (its directory is never made again here)."""
-        if not self.job_dir(job_id).is_dir():
-            return False
-        try:
-            write_private_whole(self.load_file(job_id), json.dumps({**load, "time": time.time()}))
-        except FileNotFoundError:  # detached meanwhile
-            return False
-        return True
-
-    def loads(self) -> dict[str, dict[str, Any] | None]:
-        """Every attached job's last load (None: not written yet, or unreadable)."""
-        return {job: read_json(self.load_file(job)) for job in self.attached()}
-
-    @property
-    def bounds_file(self) -> Path:
-        return self.path / "bounds.json"
-
-    def request_bounds(self, lo: int, hi: int) -> None:
-        """The operator: run between ``lo`` and ``hi`` replicas from now on."""
-        write_private_whole(self.bounds_file, json.dumps({"min": int(lo), "max": int(hi), "time": time.time()}))
-
-    def requested_bounds(self) -> tuple[int, int] | None:
-        data = read_json(self.bounds_file)
-        try:
-            return (int(data["min"]), int(data["max"])) if data else None
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def add_event(self, event: dict[str, Any]) -> None:
-        """Append one scaling event (``events.jsonl``, 0600)."""
-        fd = os.open(self.events_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(json.dumps({"time": time.time(), **event}) + "\n")
-
-    def events(self, limit: int = 200) -> list[dict[str, Any]]:
-        """The fleet's last ``limit`` scaling events, oldest first."""
-        try:
-            lines = self.events_file.read_text().splitlines()[-limit:]
-        except OSError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
     # -- the replicas' reports
     def report(self, replica: str, job_id: str, state: str, **extra: Any) -> None:
         write_json(self.member_file(replica, job_id), {"state": state, "pid": os.getpid(), "time": time.time(),
                                                          **extra})
-
-    def heartbeat(self, replica: str, phase: str, **extra: Any) -> None:
-        """A replica: it is alive, in ``phase`` (``members/<replica>/_replica.json``)."""
-        write_json(self.path / "members" / replica / "_replica.json",
-                   {"phase": phase, "pid": os.getpid(), "time": time.time(), **extra})
-
-    def heartbeats(self) -> dict[str, dict[str, Any]]:
-        """Every replica's last heartbeat: ``{replica: {"phase", "pid", "time", ...}}``."""
-        out = {}
-        for f in sorted((self.path / "members").glob("*/_replica.json")):
-            data = read_json(f)
-            if data is not None:
-                out[f.parent.name] = data
-        return out
 
     def reports(self, job_id: str) -> dict[str, dict[str, Any]]:
         """Every replica's last report on job ``job_id``: ``{replica: report}``."""
