@@ -288,9 +288,13 @@ def test_dashboard_fleet_panel_shows_replicas_versions_scaling_and_decisions(tmp
         wait_until(lambda: shown(grown), timeout=40, what=f"rollout-1 serving the job at v2 on the page: {rows()}")
         heads = page.eval(f"[...{sec}.querySelectorAll('table.replicas th[data-job]')].map(t => t.textContent)")
         assert heads == [FLEET_JOB], heads
-        scaling = page.eval(f"Object.assign({{}}, {sec}.querySelector('.scaling').dataset)")
-        got = (scaling["min"], scaling["max"], scaling["desired"], scaling["backlogPerReplica"])
-        assert got == ("1", "3", "2", "3"), scaling
+        # the signals are the fleet's last reading (written with its state every couple of seconds)
+        def scaling() -> tuple:
+            busy()
+            d = page.eval(f"Object.assign({{}}, {sec}.querySelector('.scaling').dataset)")
+            return (d["min"], d["max"], d["desired"], d["backlogPerReplica"], d["trainerWait"])
+
+        wait_until(lambda: scaling() == ("1", "3", "2", "3", "0"), timeout=20, what=f"3 per replica: {scaling()}")
         text = page.eval(f"{sec}.querySelector('.scaling').textContent")
         assert text.startswith("scaling: 2 replica(s) desired of 1..3 (backlog)"), text
         assert "backlog 6 group(s), 3.00 per replica" in text, text
