@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from services.handoff import read_json, write_json
+from services.procs import proc_stat
 
 FLEETS_ENV = "MESHRL_FLEETS_DIR"
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -189,7 +190,9 @@ class FleetDir(ScalingFiles):
         write_private_whole(self.spec_file, spec_text)
 
     def write_state(self, state: str, replicas: list[str], **extra: Any) -> None:
-        write_json(self.state_file, {"name": self.name, "state": state, "pid": os.getpid(), "replicas": replicas,
+        me = proc_stat(os.getpid())
+        write_json(self.state_file, {"name": self.name, "state": state, "pid": os.getpid(),
+                                     "pid_start": me.starttime if me else None, "replicas": replicas,
                                      "time": time.time(), **extra})
 
     def state(self) -> dict[str, Any] | None:
@@ -197,15 +200,18 @@ class FleetDir(ScalingFiles):
         return read_json(self.state_file)
 
     def running(self) -> bool:
-        """The fleet's process is alive and says it is ready or starting."""
+        """The fleet's process is alive (the same process: its pid with its start time, so a
+        reused pid or a zombie is not taken for it) and says it is ready or starting."""
         st = self.state()
         if not st or st.get("state") not in ("starting", "ready"):
             return False
         try:
-            os.kill(int(st["pid"]), 0)
-        except (OSError, ValueError, KeyError, TypeError):
+            proc = proc_stat(int(st["pid"]))
+        except (KeyError, TypeError, ValueError):
             return False
-        return True
+        if proc is None or proc.zombie:
+            return False
+        return st.get("pid_start") is None or proc.starttime == st["pid_start"]
 
     def request_stop(self) -> None:
         self.stop_file.touch()

@@ -228,3 +228,20 @@ def test_a_replica_the_fleet_drains_or_that_says_it_leaves_is_parked_and_taken_b
     assert rep.returncode == 1
     with pytest.raises(ServiceFailed, match="stopped"):
         rep.start().wait_ready(5.0)
+
+
+def test_a_fleet_is_running_only_while_its_own_process_lives(tmp_path):
+    """The state file names the fleet's process by pid *and* start time: a pid reused by
+    another process (a restart, a container) is not the fleet."""
+    import json
+
+    fdir = FleetDir("smol", tmp_path / "fleets")
+    fdir.create("name: smol\n")
+    fdir.write_state("ready", ["rollout-0"])
+    assert fdir.running()
+    st = fdir.state()
+    st["pid_start"] += 1  # the same pid, started at another time: another process
+    fdir.state_file.write_text(json.dumps(st))
+    assert not fdir.running()
+    fdir.write_state("stopped", ["rollout-0"])
+    assert not fdir.running()
