@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from services.data.feed_position import FeedPosition, read_position, write_position
+from services.data.prompt_frames import prompt_frame
 from services.data.prompt_items import epoch_order, fed_uids, prompt_item, prompt_uid
+from services.queues.base import RawItem
 
 
 class PromptFeeder:
@@ -64,6 +66,16 @@ class PromptFeeder:
         """The uid of every prompt fed so far, in feeding order."""
         return list(fed_uids(self.job, len(self.dataset), self.state.fed, shuffle=self.shuffle, seed=self.seed))
 
+    def _frame(self, row: dict[str, Any], uid: str, epoch: int) -> bytes:
+        """The wire frame of the prompt item of ``row``: written without torch
+        (services/data/prompt_frames.py) unless the row holds more than plain Python data."""
+        frame = prompt_frame(row, uid=uid, n=self.n, epoch=epoch)
+        if frame is None:
+            from services import wire
+
+            frame = bytes(wire.encode(prompt_item(row, uid=uid, n=self.n, epoch=epoch)))
+        return frame
+
     async def put(self, count: int, timeout: float = 30.0,
                   on_put: Callable[[list[str]], None] | None = None) -> int:
         """Put the next ``count`` prompts (in chunks of ``put_batch``); returns how many went out.
@@ -77,9 +89,9 @@ class PromptFeeder:
             for _ in range(k):
                 row, epoch = self._next_row()
                 uids.append(self.uid(epoch, row["index"]))
-                items.append(prompt_item(row, uid=uids[-1], n=self.n, epoch=epoch))
+                items.append(RawItem(self._frame(row, uids[-1], epoch), (uids[-1],)))
             try:
-                await self.queue.put(items, timeout=timeout, stage="queued")
+                await self.queue.put_frames(items, timeout=timeout, stage="queued")
             except BaseException:
                 self.state = before
                 self._order = self._epoch_order(self.state.epoch)
