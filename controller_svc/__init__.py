@@ -12,10 +12,10 @@ the loggers, and leaves the report.
     validation.py    step-0 and periodic validation through the running replicas
     run_tracking.py  the loggers of ``trainer.logger`` (tracking/)
     report.py        summary.json and plots
-    ray/             the Ray launcher: placement.py (the controller's side), actor.py (in
-                     each Ray actor), guard.py (its own process, ``-m controller_svc.ray.guard``)
 
-The gateway's launchers, which start whole jobs, are in gateway_svc/launchers/; the
+The Ray launcher (a service instance per Ray actor) is shared with the fleet's process, in
+the core: services/ray_launcher/. The gateway's launchers, which start whole jobs, are in
+gateway_svc/launchers/; the
 policy every launcher applies (services.supervision), the ledger (services.ledger) and
 the hand-off files of a deployment (services.handoff) are shared, in the core.
 """

@@ -131,7 +131,7 @@ class JobController:
         server = board.start_metrics()
         try:
             if spec.services.launcher == "ray":
-                from controller_svc.ray.placement import RayPlacement, instance_names
+                from services.ray_launcher.placement import RayPlacement, instance_names
 
                 mesh.placement = RayPlacement(spec, instance_names(spec))
                 await asyncio.to_thread(mesh.placement.connect)

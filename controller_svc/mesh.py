@@ -8,7 +8,7 @@ feeder (``feeder_svc``) as child processes on those files -- the replicas first,
 as CPUs allow -- and waits for each one's readiness line; the feeder holds its first put
 until the controller lets it go (:meth:`ServiceMesh.start_feeder`). With
 ``services.launcher: ray`` the others are Ray actors of the job's placement group
-(:mod:`controller_svc.ray.placement`) and the feeder is started once it knows where the
+(:mod:`services.ray_launcher.placement`) and the feeder is started once it knows where the
 trainer and the replicas answer. It applies the restart policy of :mod:`services.supervision`: a
 service that exits or stops answering its ``/health`` is restarted with backoff while the
 rest keeps running; a service out of budget fails the job, naming it.
@@ -180,9 +180,10 @@ class ServiceMesh:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(int(max(1, kv or 1)))
         log_path = self.run_dir / "logs" / f"{name}.log"
         if self.placement is not None and module != "feeder_svc":
-            from controller_svc.ray.placement import RayServiceProcess
+            from services.ray_launcher.placement import RayServiceProcess
 
-            return RayServiceProcess(name, self.placement, lambda node: self._render(name, node), cfg, log_path, env)
+            return RayServiceProcess(name, module, self.placement, lambda node: self._render(name, node), cfg,
+                                     log_path, env)
         return ServiceProcess(name, python_module_argv(module, "--config", str(cfg), "--id", name, *extra),
                               log_path, env=env)
 

@@ -24,10 +24,10 @@ The fleet stops on SIGTERM/SIGINT or when its directory holds a ``stop`` request
 it holds for each job, and exits), then the state file says ``stopped``.
 
 With ``services.launcher: ray`` the fleet's process is the Ray driver (``services.ray.address``)
-and each replica runs in a Ray actor (:class:`~controller_svc.ray.placement.RayServiceProcess`,
+and each replica runs in a Ray actor (:class:`~services.ray_launcher.placement.RayServiceProcess`,
 the handle a job's controller has of its Ray services: ``start``, ``wait_ready``,
 ``returncode``, ``signal``, ``stop``), which starts the same command on its node. Each replica
-has a placement group of its own (:class:`~controller_svc.ray.placement.InstanceGroups`: one
+has a placement group of its own (:class:`~services.ray_launcher.placement.InstanceGroups`: one
 bundle, ``services.ray.replica``), created when the replica starts and removed when it is
 drained or the fleet stops; a restart reuses it. Not one group with a bundle per possible
 replica (``max_replicas``): that would hold the cluster's CPUs and GPUs for replicas the
@@ -126,7 +126,7 @@ class Fleet:
         """Connect to the Ray cluster as its driver (services.launcher=ray); the replicas'
         placement groups come with their starts. Ray's driver takes SIGTERM for itself: the
         fleet's handlers are put back."""
-        from controller_svc.ray.placement import InstanceGroups
+        from services.ray_launcher.placement import InstanceGroups
 
         s = self.spec
         bundle: dict[str, float] = {"CPU": self._replica_cpus()}
@@ -161,9 +161,9 @@ class Fleet:
         env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": str(int(max(1, kv or 1)))}
         args = ["--fleet-dir", str(self.fdir.path), "--adapter-slots", str(self.spec.max_jobs)]
         if self.placement is not None:
-            from controller_svc.ray.placement import RayServiceProcess
+            from services.ray_launcher.placement import RayServiceProcess
 
-            return RayServiceProcess(name, self.placement, lambda node: self._render(name, node), view,
+            return RayServiceProcess(name, "rollout_svc", self.placement, lambda node: self._render(name, node), view,
                                      self.fdir.log_file(name), env, args=args)
         argv = python_module_argv("rollout_svc", "--config", str(view), "--id", name, *args)
         return ServiceProcess(name, argv, self.fdir.log_file(name), env=env)

@@ -385,7 +385,7 @@ CONTROLLER_ONLY: dict[str, str] = {
     "services.reward.replicas": "how many reward processes the launcher starts",
     **{f"services.restart.{k}": "supervision of the services by the launcher (services/supervision.py)"
        for k in ("max_restarts", "backoff_s", "backoff_max_s", "heartbeat_timeout_s", "stall_warn_s", "stall_timeout_s")},
-    "services.launcher": "which launcher starts the services (controller_svc/ray/placement.py for ray)",
+    "services.launcher": "which launcher starts the services (services/ray_launcher/placement.py for ray)",
     "services.rollout.fleet": "the fleet whose replicas serve the job instead of its own (controller_svc/fleet_attach.py)",
     **{f"services.ray.{k}": "the Ray cluster and the job's placement group, used by the Ray launcher only"
        for k in ("address", "strategy", "placement_timeout_s", "namespace")},

@@ -93,7 +93,7 @@ def test_every_service_finds_a_worker_group_with_its_resources_and_cpus():
     assert job.services.launcher == "ray"
     rayjob = d["RayJob"]
     assert rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
-    from controller_svc.ray.placement import instance_names, request_of
+    from services.ray_launcher.placement import instance_names, request_of
 
     # place every instance's bundle on the groups' nodes, first fit (what Ray must manage too)
     free = [{"CPU": float(g["rayStartParams"]["num-cpus"]), **_ray_resources(g)}

@@ -55,7 +55,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("services.config", "services.data"),
     ("services.metrics", "services.modelling", "services.sandbox", "services.queues", "services.weights"),
     ("services.procs", "services.supervision", "services.ledger", "services.handoff", "services.entrypoint",
-     "services.fleets"),
+     "services.fleets", "services.ray_launcher"),
 )
 #: A string that names a module the way ``importlib.import_module`` or a registry entry
 #: (``"pkg.mod:attr"``) does.

@@ -1,4 +1,4 @@
-"""What each service instance asks Ray for (services.<svc>.ray, controller_svc/ray/placement.py),
+"""What each service instance asks Ray for (services.<svc>.ray, services/ray_launcher/placement.py),
 and the spec errors naming the key. No cluster needed."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.config.job import JobSpecError, parse_job
-from controller_svc.ray.placement import labels_of, request_of, service_kind
+from services.ray_launcher.placement import labels_of, request_of, service_kind
 
 BASE = {"name": "x", "model": {"path": "/m"}, "data": {"train_files": ["/a.parquet"], "train_batch_size": 4},
         "actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}}

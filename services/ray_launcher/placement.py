@@ -16,7 +16,7 @@ Only *where a service process runs* changes:
 * :class:`RayServiceProcess` is the controller's handle of one instance, with the
   interface of :class:`~services.procs.ServiceProcess` (``start``, ``wait_ready``,
   ``returncode``, ``signal``, ``stop``, ``tail``), so supervision does not know the
-  difference. ``start`` creates a :class:`~controller_svc.ray.actor.ServiceActor` in the
+  difference. ``start`` creates a :class:`~services.ray_launcher.actor.ServiceActor` in the
   instance's bundle; the actor reports its node's IP, the controller renders the service's
   view for that node (its servers bind the node's IP; replicas reach the trainer's weight
   channel at the trainer's node), and the actor runs ``python -m <service> --config <view>``
@@ -33,13 +33,13 @@ starts and removed when it stops for good, so only running instances hold resour
 
 A service process must not outlive its actor (a node's raylet dying kills the actor's
 worker, not the processes it started): each service runs in a process group of its own,
-watched by a small guard process (``python -m controller_svc.ray.guard``) that
+watched by a small guard process (``python -m services.ray_launcher.guard``) that
 kills the group when the actor's worker is gone.
 
 Only plain strings, numbers, lists and dicts cross Ray calls; every wait has a deadline.
 
-This module is the controller's side; what runs in each actor is :mod:`controller_svc.ray.actor`,
-and the guard :mod:`controller_svc.ray.guard`.
+This module is the controller's side; what runs in each actor is :mod:`services.ray_launcher.actor`,
+and the guard :mod:`services.ray_launcher.guard`.
 """
 
 from __future__ import annotations
@@ -51,14 +51,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from controller_svc.ray.actor import ServiceActor
+from services.ray_launcher.actor import ServiceActor
 from services.procs import ServiceFailed, log_tail
 from services.readiness import Ready
 
 CALL_TIMEOUT_S = 30.0  # a short actor call (signal, poll, tail); a node that does not answer is treated as gone
 SIGNAL_TIMEOUT_S = 5.0  # a signal the actor does not take this fast: its node is going; the exit says so soon
 
-MODULES = {"trainer": "trainer_svc", "reward": "reward_svc", "rollout": "rollout_svc"}
 
 
 def service_kind(name: str) -> str:
@@ -315,9 +314,10 @@ class RayServiceProcess:
     ``render(node)`` returns the view YAML for the node the actor landed on (``node``: what
     :meth:`ServiceActor.node` reported: ``ip``, ``node_id``, free ``ports`` there)."""
 
-    def __init__(self, name: str, placement: RayPlacement, render: Callable[[dict[str, Any]], str], view_path: Path,
-                 log_path: Path, env: dict[str, str], args: Sequence[str] = ()) -> None:
+    def __init__(self, name: str, module: str, placement: RayPlacement, render: Callable[[dict[str, Any]], str],
+                 view_path: Path, log_path: Path, env: dict[str, str], args: Sequence[str] = ()) -> None:
         self.name = name
+        self.module = module  # what the actor runs: ``python -m MODULE --config VIEW --id NAME``
         self.args = list(args)  # after ``--config VIEW --id NAME`` (a fleet replica's --fleet-dir, --adapter-slots)
         self.placement = placement
         self.render = render
@@ -359,9 +359,8 @@ class RayServiceProcess:
             self.node = node
             deadline = time.monotonic() + timeout
             view = self.render(node)
-            module = MODULES[service_kind(self.name)]
             more = (self.args,) if self.args else ()
-            started = self._call(self.actor.start.remote(module, view, str(self.view_path), str(self.log_path),
+            started = self._call(self.actor.start.remote(self.module, view, str(self.view_path), str(self.log_path),
                                                          self.env, *more), deadline, should_stop, "started")
             if started is None:
                 return None

@@ -1,11 +1,11 @@
 """What runs inside each service instance's Ray actor, on the node Ray placed it on.
 
-The controller's :class:`~controller_svc.ray.placement.RayServiceProcess` creates one
+The controller's :class:`~services.ray_launcher.placement.RayServiceProcess` creates one
 :class:`ServiceActor` per service instance (``ray.remote`` is applied there, so this module
 does not import Ray at import time). The actor reports its node (IP, node id, free ports),
 then writes the service's view and starts ``python -m <service> --config <view> --id <name>``
 in a process group of its own at the node's niceness, with a guard
-(:mod:`controller_svc.ray.guard`) that kills that group once the actor's worker is gone.
+(:mod:`services.ray_launcher.guard`) that kills that group once the actor's worker is gone.
 
 Only plain strings, numbers, lists and dicts cross its calls.
 """
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller_svc.ray.guard import guard_argv, kill_group
+from services.ray_launcher.guard import guard_argv, kill_group
 from services.procs import log_tail
 from services.readiness import NotReady, wait_for_ready_in_log
 

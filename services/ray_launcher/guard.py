@@ -1,7 +1,7 @@
 """The guard: kills a Ray service's process group once its actor's worker is gone.
 
-:class:`~controller_svc.ray.actor.ServiceActor` starts one next to every service process it
-runs, as ``python -m controller_svc.ray.guard PGID WORKER_PID``. A node's raylet dying kills
+:class:`~services.ray_launcher.actor.ServiceActor` starts one next to every service process it
+runs, as ``python -m services.ray_launcher.guard PGID WORKER_PID``. A node's raylet dying kills
 the actor's worker, not the processes the worker started; the guard, detached from the
 worker, sees the worker go and SIGKILLs the service's process group (a replica's vLLM engine
 processes included). It exits by itself once the group is empty.
@@ -19,7 +19,7 @@ import time
 from services.procs import pid_alive
 
 GUARD_POLL_S = 0.5
-MODULE = "controller_svc.ray.guard"
+MODULE = "services.ray_launcher.guard"
 
 
 def kill_group(pgid: int) -> None:
