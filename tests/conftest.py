@@ -18,6 +18,11 @@ pytest_plugins = [
 
 _credential_dir: str | None = None
 
+#: Modules that start Ray clusters: run one after another on one worker under ``pytest -n``
+#: (each starts and stops its own cluster on free ports, but two `ray start` sessions at once
+#: would share /tmp/ray and twice the CPUs the machine has).
+RAY_MODULES = {"test_run_ray", "test_gateway_ray", "test_ray_serve"}
+
 
 def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook
     """The test session is one job: every internal gRPC server and client it starts (and
@@ -31,7 +36,16 @@ def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest hook
     """``podman`` tests (an image build and a whole compose stack) run only when ``-m`` names
-    them; otherwise they are deselected (reported as such), never skipped."""
+    them; otherwise they are deselected (reported as such), never skipped.
+
+    Under ``pytest -n N --dist loadgroup`` (README's test command) a module's tests stay on
+    one worker (its module-scoped fixture, a fleet or a cluster, is started once), and the
+    Ray modules share one worker (:data:`RAY_MODULES`)."""
+    import pytest
+
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module is not None else item.nodeid
+        item.add_marker(pytest.mark.xdist_group("ray" if module in RAY_MODULES else module))
     if "podman" in (config.option.markexpr or ""):
         return
     chosen, dropped = [], []
