@@ -165,13 +165,21 @@ def test_failing_tools_give_error_observations_and_the_trajectory_goes_on(rig, t
     assert agent.tools["hangs"].restarts >= 1 and agent.tools["huge"].restarts >= 1
 
 
-def test_trajectories_run_without_a_barrier_and_one_spans_a_weight_update(rig, tiny_model: str, tmp_path) -> None:
+def test_trajectories_run_without_a_barrier_and_one_spans_a_weight_update(rig, tiny_model: str, tmp_path,
+                                                                          monkeypatch) -> None:
     from safetensors.torch import load_file
 
     from rollout_svc.agent.loop import AgentLoop
+    from services.sandbox.confine import INPUTS_ENV
 
     el, engine, replica, echo_agent = rig
-    flag = tmp_path / "go"
+    # the tool's sandbox sees the flag's directory (bound read-only, as a job's inputs are): it
+    # must see the flag appear, not wait out its deadline (the observation would then be an error)
+    flag_dir = tmp_path / "flag"
+    flag_dir.mkdir(mode=0o755)
+    flag_dir.chmod(0o755)  # readable by the sandbox's unprivileged user
+    monkeypatch.setenv(INPUTS_ENV, str(flag_dir))
+    flag = flag_dir / "go"
     cfg = _cfg("tests.agent_tools.CallWait", [_tool("WaitsForFile", timeout_s=120.0, config={"path": str(flag)})],
                max_assistant_turns=2)
     agent = el.run(AgentLoop(engine, cfg).start())
@@ -197,3 +205,4 @@ def test_trajectories_run_without_a_barrier_and_one_spans_a_weight_update(rig, t
     finally:
         el.run(agent.close())
     assert t.error == "" and t.turn_versions == [v0, v0 + 1] and t.policy_version == v0
+    assert t.tool_calls == 1 and t.tool_errors == 0, (t.tool_calls, t.tool_errors)  # the tool saw the flag
