@@ -34,18 +34,23 @@ def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook
     auth.provision(Path(_credential_dir) / auth.FILE_NAME)
 
 
+def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001, ANN201 - pytest-xdist hook
+    """Under ``pytest -n N`` (README's test command) a module's tests stay on one worker (its
+    module-scoped fixture, a fleet or a cluster, starts once), and the Ray modules share one
+    worker (:data:`RAY_MODULES`): xdist's by-file scheduling, the Ray files one scope."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByModule(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "ray" if Path(scope.partition("::")[0]).stem in RAY_MODULES else scope
+
+    return ByModule(config, log)
+
+
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest hook
     """``podman`` tests (an image build and a whole compose stack) run only when ``-m`` names
-    them; otherwise they are deselected (reported as such), never skipped.
-
-    Under ``pytest -n N --dist loadgroup`` (README's test command) a module's tests stay on
-    one worker (its module-scoped fixture, a fleet or a cluster, is started once), and the
-    Ray modules share one worker (:data:`RAY_MODULES`)."""
-    import pytest
-
-    for item in items:
-        module = item.module.__name__.rpartition(".")[2] if item.module is not None else item.nodeid
-        item.add_marker(pytest.mark.xdist_group("ray" if module in RAY_MODULES else module))
+    them; otherwise they are deselected (reported as such), never skipped."""
     if "podman" in (config.option.markexpr or ""):
         return
     chosen, dropped = [], []
