@@ -1,5 +1,6 @@
-"""`meshrl run`: a real job on this machine — embedded broker, real vLLM replica, reward
-worker, FSDP2 trainer — end to end, and a job whose service crashes."""
+"""`meshrl run` on this machine (embedded broker, real vLLM replica, reward worker, FSDP2
+trainer): a job whose service crashes. A short job end to end (its plots, views, checkpoints
+and the replica's weight loads) is checked on test_run_validation's job, which is one."""
 
 from __future__ import annotations
 
@@ -40,26 +41,6 @@ def _run(tmp_path, model, data, *overrides, timeout=600):
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     return proc, run_dir
-
-
-def test_a_short_job_runs_to_completion(tmp_path, tiny_model, arith_data):
-    proc, run_dir = _run(tmp_path, tiny_model, arith_data)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "succeeded"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2
-    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in summary["history"])
-    for png in ("reward.png", "staleness.png", "throughput.png"):
-        assert (run_dir / png).stat().st_size > 1000
-    for name in ("trainer", "reward-0", "rollout-0"):
-        assert (run_dir / "config" / f"{name}.yaml").exists()
-    assert (run_dir / "checkpoints").exists()
-    # Weight updates reached the replica, and vLLM did not warn about the layers that have no
-    # checkpoint tensor by design (rotary caches, the tied LM head).
-    replica_log = (run_dir / "logs" / "rollout-0.log").read_text()
-    assert "serving v2 (loaded)" in replica_log or "serving v1 (loaded)" in replica_log, replica_log[-3000:]
-    assert "Failed to load weights" not in replica_log
 
 
 def test_a_crashing_service_stops_the_job_and_names_it(tmp_path, tiny_model, arith_data):
