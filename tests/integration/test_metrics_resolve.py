@@ -12,6 +12,10 @@ that was scraped. ``up`` is the one name Prometheus itself makes (one per target
 The job-level series (``JOB_SERIES``: stall flag, restarts, job ledger, queue ledger) are
 checked once more from the gateway's ``/metrics`` alone -- the fixed target the shipped
 Prometheus configs scrape with the token -- labelled with the job's id.
+
+The same job is the gateway's real job (it was test_gateway_real_job's own, which started a
+mesh for it alone): submitted as YAML, the default LocalLauncher runs `meshrl run`; it must
+reach `succeeded` with its steps counted, and the gateway must show its metric points.
 """
 
 from __future__ import annotations
@@ -215,7 +219,8 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
                 httpx.Client(base_url=gw.http_url, timeout=10) as c:  # fmt: skip
             scraper.urls[gw.http_url + "/metrics"] = {"Authorization": f"Bearer {TOKEN}"}
             gateway_only.urls[gw.http_url + "/metrics"] = {"Authorization": f"Bearer {TOKEN}"}
-            r = c.post("/v1/jobs", json={"spec": spec}, headers=auth())
+            r = c.post("/v1/jobs", content=yaml.safe_dump(spec).encode(),
+                       headers={**auth(), "Content-Type": "application/yaml"})  # fmt: skip
             assert r.status_code == 201, r.text
             jid = r.json()["id"]
             run_dir = tmp_path / "runs" / jid
@@ -228,6 +233,8 @@ def test_every_panel_and_alert_reads_series_a_real_job_exports(tmp_path, tiny_mo
 
             job = wait_until(finished, timeout=800, what="the real job to finish")
             assert job["state"] == "succeeded", job["detail"][-3000:]
+            assert job["exit_code"] == 0 and job["progress"]["step"] == 40 and job["progress"]["total_steps"] == 40
+            assert c.get(f"/v1/jobs/{jid}/metrics", headers=auth()).json()["points"]
             time.sleep(1.0)  # one more gateway scrape with the final state
             _dashboard_of_the_real_job(tmp_path, gw.http_url, jid)
     finally:
