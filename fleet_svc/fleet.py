@@ -349,13 +349,7 @@ class Fleet:
         each at the job's current version before leasing: rollout_svc/fleet_member.py)."""
         p = self.procs[name]
         p.kill_reason = ""
-        try:
-            p.start()
-            p.wait_ready(self.spec.rollout.engine_startup_timeout_s, self.stopping)
-        except ServiceFailed as exc:
-            self._log(f"meshrl fleet: {name} failed to start: {str(exc).splitlines()[0]}")
-            if p.returncode is None:
-                p.signal(signal.SIGKILL)
+        if not self._bring_up(p, "failed to start"):
             if self.on_ray:
                 p.stop(grace=0.0)  # its actor, if any, ends
                 self._release(name)
@@ -388,16 +382,23 @@ class Fleet:
     def _restart(self, p: Any) -> None:
         self.restart_at.pop(p.name, None)
         p.kill_reason = ""
+        if not self._bring_up(p, "failed to come back"):
+            return
+        self.sup.started(p.name, time.monotonic())
+        self._log(f"meshrl fleet: {p.name} ready again")
+
+    def _bring_up(self, p: Any, failed: str) -> bool:
+        """Start ``p`` and wait until it is ready; False (logged as ``failed``, the process
+        killed) when it does not come up."""
         try:
             p.start()
             p.wait_ready(self.spec.rollout.engine_startup_timeout_s, self.stopping)
         except ServiceFailed as exc:
-            self._log(f"meshrl fleet: {p.name} failed to come back: {str(exc).splitlines()[0]}")
+            self._log(f"meshrl fleet: {p.name} {failed}: {str(exc).splitlines()[0]}")
             if p.returncode is None:
                 p.signal(signal.SIGKILL)
-            return
-        self.sup.started(p.name, time.monotonic())
-        self._log(f"meshrl fleet: {p.name} ready again")
+            return False
+        return True
 
     def _probe(self, now: float) -> None:
         """Beat the replicas that answer ``/health``; kill those silent past the deadline."""
