@@ -44,7 +44,7 @@ ELSEWHERE = {"wire.py": "tests/unit/test_wire_bench.py", "verifiers.py": "tests/
 GPU_BENCHMARKS = {"gpu_check.py"}
 #: benchmarks that run whole jobs (vLLM replicas, trainers) or TRL: no CI smoke run yet
 JOB_BENCHMARKS = {"rollout.py", "agent.py", "weights_e2e.py", "async_vs_sync.py", "vs_trl.py", "ray_launcher.py",
-                  "quickstart_seeds.py", "trainer_kills.py", "canary.py", "fleet.py"}
+                  "quickstart_seeds.py", "trainer_kills.py", "canary.py", "fleet.py", "fleet_timeline.py"}
 
 
 def test_every_benchmark_is_listed():
