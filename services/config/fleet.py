@@ -120,7 +120,8 @@ class FleetSpec(StrictModel):
                                    "are the longest a job may use")
     replicas: int = Field(1, ge=1, le=1024, description="rollout replica processes at start, each one vLLM engine")
     max_jobs: int = Field(4, ge=1, le=256, description="adapter slots per replica: how many jobs it serves at once")
-    services: FleetResources = Field(default_factory=FleetResources, description="host, device, CPUs, metrics port and launcher (local or ray)")
+    services: FleetResources = Field(default_factory=FleetResources,
+                                     description="host, device, CPUs, metrics port and launcher (local or ray)")
     restart: RestartConfig = Field(default_factory=RestartConfig, description="restart policy of the replicas")
     scaling: FleetScaling = Field(default_factory=FleetScaling, description="replicas added and drained on the "
                                   "jobs' backlog, between min_replicas and max_replicas")
