@@ -301,13 +301,17 @@ def elastic(args: argparse.Namespace, spec: Path, base: list[str], env: dict, wo
         first, second = Run("job-a", work / "job-a"), Run("job-b", work / "job-b")
         print(f"== elastic: {first.name} alone until its first step (load {load()})", flush=True)
         started = [launch(first, job_command(spec, base, first.run_dir, 0, fleet=True), env)]
+        deadline = time.monotonic() + STEP_DEADLINE_S
         while first.first_step is None and first.returncode is None:
+            past(deadline, "job-a's first step")
             sample(fdir)
             time.sleep(0.5)
         print(f"== elastic: {second.name} arrives (load {load()})", flush=True)
         started.append(launch(second, job_command(spec, base, second.run_dir, 1, fleet=True), env))
         up_serving = None
+        deadline = time.monotonic() + RUN_DEADLINE_S
         while first.returncode is None or second.returncode is None:
+            past(deadline, "both jobs' end")
             sample(fdir)
             if up_serving is None and serving(fdir) > 1:
                 up_serving = time.time() - second.launched
@@ -346,6 +350,16 @@ def elastic(args: argparse.Namespace, spec: Path, base: list[str], env: dict, wo
     return 0
 
 
+STEP_DEADLINE_S = 600.0  # a job's first step (its start included)
+RUN_DEADLINE_S = 3600.0  # the elastic runs' jobs to their end
+
+
+def past(deadline: float, what: str) -> None:
+    """Stop the benchmark, naming what it waited for, once ``deadline`` passed."""
+    if time.monotonic() > deadline:
+        raise SystemExit(f"bench/fleet.py: no {what} by the deadline; see the runs' logs")
+
+
 def step_times(run: Run) -> list[float]:
     """Unix times at which the run's trainer finished its steps."""
     try:
@@ -363,13 +377,17 @@ def cancel(args: argparse.Namespace, spec: Path, base: list[str], env: dict, wor
     with running_fleet(fleet, work, env):
         a, b = Run("job-a", work / "job-a"), Run("job-b", work / "job-b")
         started = [launch(a, job_command(spec, endless, a.run_dir, 0, fleet=True), env)]
+        deadline = time.monotonic() + STEP_DEADLINE_S
         while a.first_step is None and a.returncode is None:
+            past(deadline, "job-a's first step")
             time.sleep(0.2)
         t_b = time.time() + args.phase_s
         time.sleep(args.phase_s)
         print(f"== cancel: {b.name} joins (load {load()})", flush=True)
         started.append(launch(b, job_command(spec, endless, b.run_dir, 1, fleet=True), env))
+        deadline = time.monotonic() + STEP_DEADLINE_S
         while b.first_step is None and b.returncode is None:
+            past(deadline, "job-b's first step")
             time.sleep(0.2)
         time.sleep(args.phase_s)
         print(f"== cancel: {b.name} cancelled (load {load()})", flush=True)
